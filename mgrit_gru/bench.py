@@ -1,0 +1,216 @@
+"""``mgrit-gru bench``: torch.nn.GRU, the serial solver and MGRIT settings, timed side by side.
+
+All rows of one sequence length are timed interleaved, repeat by repeat, in one process with a
+stated thread count; the table reports medians, ratios and each row's accuracy against the
+serial solve (same weights, same data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, fields
+from datetime import datetime, timezone
+
+import torch
+
+from .module import GRU
+from .options import MGRIT
+
+DEFAULT_SETTINGS = ["default", "cfactor=16", "cfactor=64"]
+
+
+def parse_setting(spec: str) -> MGRIT:
+    """``"default"`` or ``"cfactor=16,relax=F,tol=1e-6"`` -> MGRIT."""
+    if spec == "default":
+        return MGRIT()
+    known = {f.name: f for f in fields(MGRIT)}
+    kwargs: dict[str, object] = {}
+    for item in spec.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            raise ValueError(
+                f"bad MGRIT setting {item!r} in {spec!r}; use key=value with keys {sorted(known)}"
+            )
+        for convert in (int, float):
+            try:
+                kwargs[key] = convert(value)
+                break
+            except ValueError:
+                continue
+        else:
+            kwargs[key] = value
+    return MGRIT(**kwargs)
+
+
+def describe(opts: MGRIT) -> str:
+    default = MGRIT()
+    changed = [
+        f"{f.name}={getattr(opts, f.name)}"
+        for f in fields(MGRIT)
+        if getattr(opts, f.name) != getattr(default, f.name)
+    ]
+    return "mgrit(" + (",".join(changed) if changed else "default") + ")"
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class Row:
+    def __init__(self, name, module, opts=None):
+        self.name, self.module, self.opts = name, module, opts
+        self.fwd, self.train = [], []
+        self.y = self.grads = self.stats = None
+
+    def forward(self, x):
+        with torch.no_grad():
+            return self.module(x)[0]
+
+    def train_step(self, x, w_y, w_h):
+        x = x.detach().requires_grad_()
+        self.module.zero_grad(set_to_none=True)
+        y, hn = self.module(x)
+        ((y * w_y).sum() + (hn * w_h).sum()).backward()
+        return y.detach(), [x.grad] + [p.grad for p in self.module.parameters()]
+
+
+def _rel(a, b) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def bench_one_length(T, args, settings, log=print) -> list[dict]:
+    torch.manual_seed(args.seed)
+    dtype = getattr(torch, args.dtype)
+    ref = torch.nn.GRU(args.input, args.hidden, dtype=dtype)
+    if args.zbias:
+        with torch.no_grad():
+            ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
+    x = torch.randn(T, args.batch, args.input, dtype=dtype)
+    w_y = torch.randn(T, args.batch, args.hidden, dtype=dtype)
+    w_h = torch.randn(1, args.batch, args.hidden, dtype=dtype)
+    rows = []
+    if not args.no_torch:
+        rows.append(Row("torch.nn.GRU", ref))
+    rows.append(Row("serial", GRU.from_torch(ref, solver="serial")))
+    for opts in settings:
+        rows.append(Row(describe(opts), GRU.from_torch(ref, solver=opts), opts))
+    for row in rows:  # warm-up, and the accuracy reference outputs
+        row.y, row.grads = row.train_step(x, w_y, w_h)
+        if isinstance(row.module, GRU):
+            row.stats = row.module.last_stats
+    for _ in range(args.repeats):
+        for row in rows:
+            row.fwd.append(_timed(lambda r=row: r.forward(x)))
+            row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h)))
+    serial = next(r for r in rows if r.name == "serial")
+    base = {r.name: statistics.median(r.train) for r in rows}
+    results = []
+    for row in rows:
+        train = statistics.median(row.train)
+        rec = {
+            "T": T,
+            "solver": row.name,
+            "fwd_s": statistics.median(row.fwd),
+            "train_s": train,
+            "speedup_vs_torch": base.get("torch.nn.GRU", float("nan")) / train,
+            "speedup_vs_serial": base["serial"] / train,
+            "max_abs_y_err": (row.y - serial.y).abs().max().item(),
+            "rel_grad_err": max(_rel(a, b) for a, b in zip(row.grads, serial.grads)),
+            "fwd_iters": row.stats.forward_iterations if row.stats else None,
+            "bwd_iters": row.stats.backward_iterations if row.stats else None,
+            "fwd_residual": row.stats.forward_residual if row.stats else None,
+            "fell_back": row.stats.fell_back if row.stats else None,
+            "options": asdict(row.opts) if row.opts else None,
+        }
+        results.append(rec)
+        log(format_row(rec))
+    return results
+
+
+HEADER = (
+    f"{'T':>6} {'solver':<28} {'fwd ms':>8} {'train ms':>9} {'x torch':>8} {'x serial':>9} "
+    f"{'it f/b':>6} {'max|dy|':>8} {'rel dgrad':>9}"
+)
+
+
+def format_row(r: dict) -> str:
+    its = "-" if r["fwd_iters"] is None else f"{r['fwd_iters']}/{r['bwd_iters']}"
+    if r.get("fell_back"):
+        its += "!"
+    return (
+        f"{r['T']:>6} {r['solver']:<28} {1e3 * r['fwd_s']:>8.1f} {1e3 * r['train_s']:>9.1f} "
+        f"{r['speedup_vs_torch']:>8.2f} {r['speedup_vs_serial']:>9.2f} {its:>6} "
+        f"{r['max_abs_y_err']:>8.1e} {r['rel_grad_err']:>9.1e}"
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--T",
+        type=int,
+        nargs="+",
+        default=[1024, 4096, 16384],
+        help="sequence lengths (default: 1024 4096 16384)",
+    )
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--input", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument(
+        "--zbias",
+        type=float,
+        default=0.0,
+        help="add this to every z-gate bias: long memory, the hard case (e.g. 3)",
+    )
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        default=DEFAULT_SETTINGS,
+        help='MGRIT rows: "default" or "cfactor=16,relax=F,..." (default: %(default)s)',
+    )
+    p.add_argument("--no-torch", action="store_true", help="skip the torch.nn.GRU row")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    for name in ("batch", "input", "hidden", "threads", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if any(T < 1 for T in args.T):
+        raise ValueError(f"--T values must be >= 1, got {args.T}")
+    settings = [parse_setting(s) for s in args.settings]
+    torch.set_num_threads(args.threads)
+    print(
+        f"mgrit-gru bench: B={args.batch} input={args.input} hidden={args.hidden} {args.dtype} "
+        f"threads={torch.get_num_threads()} repeats={args.repeats} zbias={args.zbias} "
+        f"torch {torch.__version__} on {platform.processor() or platform.machine()}"
+    )
+    print(
+        "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "
+        "the training step; errors against the serial solve"
+    )
+    print(HEADER)
+    results = []
+    for T in args.T:
+        results += bench_one_length(T, args, settings)
+    if args.json:
+        meta = {k: v for k, v in vars(args).items() if k != "func"}
+        meta.update(
+            torch=torch.__version__,
+            date=datetime.now(timezone.utc).isoformat(),
+            threads=torch.get_num_threads(),
+        )
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": results}, f, indent=1)
+        print(f"wrote {args.json}")
+    return results

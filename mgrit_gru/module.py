@@ -1,0 +1,245 @@
+"""``mgrit_gru.GRU``: a drop-in ``torch.nn.GRU`` whose layers are solved parallel in time."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .autograd import gru_layer
+from .gru.cell import CELLS
+from .options import MGRIT, as_options
+from .stats import RunStats
+
+
+class GRU(nn.Module):
+    """Multi-layer GRU with ``torch.nn.GRU``'s constructor, call, parameters and outputs.
+
+    Args:
+        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+        device, dtype: as in ``torch.nn.GRU``.
+        solver: ``"mgrit"`` (default options), ``"serial"`` (exact sequential solve on the
+            same kernels) or an :class:`mgrit_gru.MGRIT` object.
+        cell: ``"classic"`` (``torch.nn.GRU``'s math) or ``"implicit"`` (the implicit GRU of
+            Moon & Cyr 2022 as the model, dt = 1).
+
+    Call: ``y, h_n = gru(x, h0=None)`` with x ``(T, B, input_size)`` (``(B, T, ·)`` if
+    batch_first, or unbatched ``(T, input_size)``) and h0 ``(D * num_layers, B, hidden_size)``;
+    y ``(T, B, D * hidden_size)``, h_n like h0 (D = 2 if bidirectional else 1).
+
+    After each call ``last_stats`` (a :class:`mgrit_gru.RunStats`) holds the forward residual
+    history of every layer and direction; its backward entries fill in when autograd runs.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        solver: Union[str, MGRIT] = "mgrit",
+        cell: str = "classic",
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GRU: {name} must be a positive integer, got {value!r}")
+        if (
+            not isinstance(dropout, (int, float))
+            or isinstance(dropout, bool)
+            or not (0.0 <= dropout <= 1.0)
+        ):
+            raise ValueError(f"GRU: dropout must be a number in [0, 1], got {dropout!r}")
+        if cell not in CELLS:
+            raise ValueError(f"GRU: unknown cell={cell!r}; choose one of {CELLS}")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional = bidirectional
+        self.solver = as_options(solver)
+        self.cell = cell
+        self.last_stats: Optional[RunStats] = None
+        factory = {"device": device, "dtype": dtype}
+        directions = 2 if bidirectional else 1
+        self._flat_weights_names: list[str] = []
+        for layer in range(num_layers):
+            layer_in = input_size if layer == 0 else hidden_size * directions
+            for direction in range(directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                shapes = [
+                    ("weight_ih", (3 * hidden_size, layer_in)),
+                    ("weight_hh", (3 * hidden_size, hidden_size)),
+                ]
+                if bias:
+                    shapes += [("bias_ih", (3 * hidden_size,)), ("bias_hh", (3 * hidden_size,))]
+                for kind, shape in shapes:
+                    name = kind + suffix
+                    setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
+                    self._flat_weights_names.append(name)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``torch.nn.GRU``'s initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -bound, bound)
+
+    @classmethod
+    def from_torch(
+        cls, module: nn.GRU, *, solver: Union[str, MGRIT] = "mgrit", cell: str = "classic"
+    ) -> GRU:
+        """A copy of a ``torch.nn.GRU`` (same weights, device and dtype)."""
+        if not isinstance(module, nn.GRU):
+            raise TypeError(f"GRU.from_torch: expected a torch.nn.GRU, got {type(module).__name__}")
+        if getattr(module, "proj_size", 0):
+            raise ValueError("GRU.from_torch: proj_size is not supported")
+        weight = module.weight_ih_l0
+        new = cls(
+            module.input_size,
+            module.hidden_size,
+            module.num_layers,
+            module.bias,
+            module.batch_first,
+            module.dropout,
+            module.bidirectional,
+            device=weight.device,
+            dtype=weight.dtype,
+            solver=solver,
+            cell=cell,
+        )
+        new.load_state_dict(module.state_dict())
+        return new
+
+    def extra_repr(self) -> str:
+        text = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            text += f", num_layers={self.num_layers}"
+        for name, default in (
+            ("bias", True),
+            ("batch_first", False),
+            ("dropout", 0.0),
+            ("bidirectional", False),
+        ):
+            if getattr(self, name) != default:
+                text += f", {name}={getattr(self, name)}"
+        return text + f", cell={self.cell!r}, solver={self.solver}"
+
+    def _weights(self, layer: int, direction: int) -> list[Optional[Tensor]]:
+        suffix = f"_l{layer}" + ("_reverse" if direction else "")
+        names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
+        return [getattr(self, n + suffix, None) for n in names]
+
+    def _check_input(
+        self, x: Tensor, hx: Optional[Tensor]
+    ) -> tuple[Tensor, Optional[Tensor], bool]:
+        if isinstance(x, nn.utils.rnn.PackedSequence):
+            raise TypeError("GRU: PackedSequence input is not supported yet; pass a padded tensor")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"GRU: input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() not in (2, 3):
+            raise ValueError(
+                f"GRU: expected input of 2 (unbatched: T, {self.input_size}) or 3 dimensions "
+                f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"GRU: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
+            )
+        param = self.weight_ih_l0
+        if x.dtype != param.dtype:
+            raise TypeError(
+                f"GRU: input dtype {x.dtype} does not match the parameters' dtype {param.dtype}; "
+                f"convert one of them (e.g. gru.to({x.dtype}))"
+            )
+        if x.device != param.device:
+            raise ValueError(
+                f"GRU: input is on {x.device} but the parameters are on {param.device}"
+            )
+        batched = x.dim() == 3
+        seq_dim = 1 if (batched and self.batch_first) else 0
+        if x.shape[seq_dim] == 0:
+            raise ValueError("GRU: empty sequence (length 0)")
+        if batched and x.shape[1 - seq_dim] == 0:
+            raise ValueError("GRU: empty batch (batch size 0)")
+        if not torch.isfinite(x).all():
+            raise ValueError("GRU: input contains NaN or Inf")
+        directions = 2 if self.bidirectional else 1
+        if hx is not None:
+            if not isinstance(hx, Tensor):
+                raise TypeError(f"GRU: h0 must be a torch.Tensor, got {type(hx).__name__}")
+            batch = x.shape[1 - seq_dim] if batched else None
+            expected = (
+                (directions * self.num_layers,)
+                + ((batch,) if batched else ())
+                + (self.hidden_size,)
+            )
+            if tuple(hx.shape) != expected:
+                raise ValueError(f"GRU: expected h0 of shape {expected}, got {tuple(hx.shape)}")
+            if hx.dtype != param.dtype:
+                raise TypeError(
+                    f"GRU: h0 dtype {hx.dtype} does not match the parameters' dtype {param.dtype}"
+                )
+            if hx.device != param.device:
+                raise ValueError(
+                    f"GRU: h0 is on {hx.device} but the parameters are on {param.device}"
+                )
+            if not torch.isfinite(hx).all():
+                raise ValueError("GRU: h0 contains NaN or Inf")
+        if not batched:
+            x = x.unsqueeze(1)
+            hx = None if hx is None else hx.unsqueeze(1)
+        elif self.batch_first:
+            x = x.transpose(0, 1)
+        return x, hx, batched
+
+    def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        x, hx, batched = self._check_input(input, hx)
+        directions = 2 if self.bidirectional else 1
+        T, B = x.shape[:2]
+        if hx is None:
+            hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
+        record = RunStats()
+        self.last_stats = record
+        h_n = []
+        layer_in = x
+        for layer in range(self.num_layers):
+            outs = []
+            for direction in range(directions):
+                w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+                seq = layer_in.flip(0) if direction else layer_in
+                y, h_last = gru_layer(
+                    seq,
+                    hx[layer * directions + direction],
+                    w_ih,
+                    w_hh,
+                    b_ih,
+                    b_hh,
+                    self.cell,
+                    self.solver,
+                    record,
+                    (layer, bool(direction)),
+                )
+                outs.append(y.flip(0) if direction else y)
+                h_n.append(h_last)
+            layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_out = F.dropout(layer_out, self.dropout, training=True)
+            layer_in = layer_out
+        out, h_n = layer_in, torch.stack(h_n)
+        if not batched:
+            return out.squeeze(1), h_n.squeeze(1)
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, h_n

@@ -1,0 +1,129 @@
+"""Solver options: one frozen, validated object.
+
+References: Falgout et al., "Parallel time integration with multigrid", SISC 2014 (MGRIT);
+Moon & Cyr, "Parallel Training of GRU Networks with a Multi-Grid Solver for Long Sequences",
+ICLR 2022.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal, Union
+
+RELAX_CHOICES = ("F", "FCF")
+COARSE_GATES_CHOICES = ("average", "inject")
+ON_DIVERGENCE_CHOICES = ("fallback", "raise")
+
+
+def _bad(field: str, value: object, legal: str) -> ValueError:
+    return ValueError(f"MGRIT: invalid {field}={value!r}; {legal}")
+
+
+def _check_int(field: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(field, value, f"expected an integer >= {low}")
+
+
+def _check_tol(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(field, value, "expected a finite number >= 0")
+    if not math.isfinite(value) or value < 0:
+        raise _bad(field, value, "expected a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class MGRIT:
+    """Options of the multigrid-reduction-in-time solve of one GRU layer.
+
+    Args:
+        cfactor: coarsening factor m: level l keeps every m-th point of level l-1 (>= 2).
+        levels: number of time grids (1 = the exact serial solve), or ``"auto"``: coarsen
+            until the coarsest grid has at most ``cfactor`` intervals.
+        relax: ``"F"`` (F-relaxation) or ``"FCF"`` (F, then C, then F).
+        tol: forward stopping tolerance on the largest absolute C-point residual (the
+            hidden state lives in (-1, 1), so this is an absolute state error scale).
+        max_iters: cap on forward V-cycles (0 = no cycle: one relaxation sweep only).
+        backward_tol: adjoint tolerance, relative to the largest incoming gradient
+            (dL/dy, dL/dh_n). ``None``: same as ``tol``.
+        backward_max_iters: cap on adjoint V-cycles. ``None``: same as ``max_iters``.
+        coarse_gates: what a coarse implicit step reads as its input gates: the
+            ``"average"`` of the fine input gates over its interval, or the gates at the
+            interval's first point (``"inject"``, as in the paper's code).
+        on_divergence: a non-finite or growing residual either makes the call
+            ``"fallback"`` to the exact serial solve (with one warning) or ``"raise"``.
+
+    ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
+    """
+
+    cfactor: int = 32
+    levels: Union[int, Literal["auto"]] = "auto"
+    relax: Literal["F", "FCF"] = "FCF"
+    tol: float = 1e-5
+    max_iters: int = 2
+    backward_tol: float | None = None
+    backward_max_iters: int | None = None
+    coarse_gates: Literal["average", "inject"] = "average"
+    on_divergence: Literal["fallback", "raise"] = "fallback"
+
+    def __post_init__(self) -> None:
+        _check_int("cfactor", self.cfactor, 2)
+        if self.levels != "auto":
+            _check_int("levels", self.levels, 1)
+        if self.relax not in RELAX_CHOICES:
+            raise _bad("relax", self.relax, f"choose one of {RELAX_CHOICES}")
+        _check_tol("tol", self.tol)
+        _check_int("max_iters", self.max_iters, 0)
+        if self.backward_tol is not None:
+            _check_tol("backward_tol", self.backward_tol)
+        if self.backward_max_iters is not None:
+            _check_int("backward_max_iters", self.backward_max_iters, 0)
+        if self.coarse_gates not in COARSE_GATES_CHOICES:
+            raise _bad("coarse_gates", self.coarse_gates, f"choose one of {COARSE_GATES_CHOICES}")
+        if self.on_divergence not in ON_DIVERGENCE_CHOICES:
+            raise _bad(
+                "on_divergence", self.on_divergence, f"choose one of {ON_DIVERGENCE_CHOICES}"
+            )
+
+    @classmethod
+    def serial(cls) -> MGRIT:
+        """The exact sequential solve (one level) on the same kernels."""
+        return cls(levels=1)
+
+    @property
+    def is_serial(self) -> bool:
+        return self.levels == 1
+
+    @property
+    def bwd_tol(self) -> float:
+        return self.tol if self.backward_tol is None else self.backward_tol
+
+    @property
+    def bwd_max_iters(self) -> int:
+        return self.max_iters if self.backward_max_iters is None else self.backward_max_iters
+
+    def num_levels(self, steps: int) -> int:
+        """Levels actually used for a sequence of ``steps`` time steps."""
+        if self.levels != "auto":
+            return self.levels
+        levels, n = 1, steps
+        while n > self.cfactor:
+            n = -(-n // self.cfactor)
+            levels += 1
+        return levels
+
+    def replace(self, **changes: object) -> MGRIT:
+        return replace(self, **changes)
+
+
+def as_options(solver: object) -> MGRIT:
+    """Turn the ``solver=`` argument of :class:`mgrit_gru.GRU` into an :class:`MGRIT`."""
+    if isinstance(solver, MGRIT):
+        return solver
+    if solver == "serial":
+        return MGRIT.serial()
+    if solver == "mgrit" or solver is None:
+        return MGRIT()
+    raise ValueError(
+        f"GRU: unknown solver={solver!r}; pass 'mgrit', 'serial' or an mgrit_gru.MGRIT(...) object"
+    )

@@ -1,0 +1,73 @@
+"""Shared fixtures: float64 by default, GRU pairs (torch.nn.GRU, mgrit_gru.GRU), comparisons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mgrit_gru
+
+
+@pytest.fixture(autouse=True)
+def _float64_and_seed():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    yield
+    torch.set_default_dtype(old)
+
+
+def make_ref(
+    input_size=3,
+    hidden=5,
+    layers=1,
+    bidirectional=False,
+    batch_first=False,
+    zbias=0.0,
+    bias=True,
+    dtype=torch.float64,
+):
+    """A torch.nn.GRU; ``zbias`` raises every z-gate bias (long memory)."""
+    ref = torch.nn.GRU(
+        input_size,
+        hidden,
+        layers,
+        bias=bias,
+        batch_first=batch_first,
+        bidirectional=bidirectional,
+        dtype=dtype,
+    )
+    if zbias and bias:
+        with torch.no_grad():
+            for name, p in ref.named_parameters():
+                if name.startswith("bias_hh"):
+                    p[hidden : 2 * hidden] += zbias
+    return ref
+
+
+def grads_of(module, x, h0, y_weight, h_weight):
+    """y and h_n of ``module(x, h0)`` and the gradients of a random linear loss w.r.t. x, h0 and
+    every parameter."""
+    x = x.detach().clone().requires_grad_()
+    h0 = None if h0 is None else h0.detach().clone().requires_grad_()
+    y, hn = module(x, h0)
+    loss = (y * y_weight).sum() + (hn * h_weight).sum()
+    inputs = [x] + ([h0] if h0 is not None else []) + list(module.parameters())
+    return y.detach(), hn.detach(), torch.autograd.grad(loss, inputs)
+
+
+def max_errors(ref, ours, x, h0=None):
+    """(y error, h_n error, worst gradient error), each a max abs difference."""
+    with torch.no_grad():
+        y, hn = ref(x, h0)
+    wy, wh = torch.randn_like(y), torch.randn_like(hn)
+    y_r, h_r, g_r = grads_of(ref, x, h0, wy, wh)
+    y_o, h_o, g_o = grads_of(ours, x, h0, wy, wh)
+    grad_err = max((a - b).abs().max().item() for a, b in zip(g_r, g_o))
+    return (y_r - y_o).abs().max().item(), (h_r - h_o).abs().max().item(), grad_err
+
+
+def tight(**kw):
+    base = dict(tol=1e-13, max_iters=400)
+    base.update(kw)
+    return mgrit_gru.MGRIT(**base)

@@ -1,0 +1,171 @@
+"""Ground truth: torch.nn.GRU + autograd in float64, for outputs, h_n and every gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_ref, max_errors, tight
+
+import mgrit_gru
+
+
+@pytest.mark.parametrize(
+    "layers,bidirectional,batch_first,with_h0,bias",
+    [
+        (1, False, False, False, True),
+        (1, False, True, True, True),
+        (2, False, False, True, True),
+        (3, True, False, True, True),
+        (2, True, True, False, False),
+    ],
+)
+def test_serial_equals_torch(layers, bidirectional, batch_first, with_h0, bias):
+    ref = make_ref(3, 5, layers, bidirectional, batch_first, bias=bias)
+    ours = mgrit_gru.GRU.from_torch(ref, solver="serial")
+    B, T = 4, 23
+    x = torch.randn(B, T, 3) if batch_first else torch.randn(T, B, 3)
+    h0 = torch.randn((2 if bidirectional else 1) * layers, B, 5) if with_h0 else None
+    assert max(max_errors(ref, ours, x, h0)) < 1e-12
+
+
+MGRIT_CASES = [
+    # (relax, levels, cfactor, T)
+    ("F", 2, 2, 1),
+    ("FCF", 2, 2, 2),
+    ("F", 3, 2, 7),
+    ("FCF", 4, 2, 7),
+    ("FCF", 2, 4, 100),
+    ("F", 3, 4, 100),
+    ("FCF", 4, 3, 1000),
+    ("F", 2, 32, 1000),
+    ("FCF", 3, 8, 1459),
+    ("F", 3, 16, 1459),
+    ("FCF", 2, 32, 1459),
+    ("FCF", 4, 5, 1459),
+]
+
+
+@pytest.mark.parametrize("relax,levels,cfactor,T", MGRIT_CASES)
+def test_mgrit_to_tolerance_equals_torch(relax, levels, cfactor, T):
+    ref = make_ref(3, 6)
+    opts = tight(relax=relax, levels=levels, cfactor=cfactor)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=opts)
+    x, h0 = torch.randn(T, 2, 3), torch.randn(1, 2, 6)
+    assert max(max_errors(ref, ours, x, h0)) < 1e-8
+    stats = ours.last_stats
+    assert stats.converged and not stats.fell_back
+    assert len(stats.forward) == len(stats.backward) == 1
+
+
+@pytest.mark.parametrize("relax,cfactor,levels", [("FCF", 16, "auto"), ("FCF", 4, 4), ("F", 8, 2)])
+@pytest.mark.parametrize("coarse_gates", ["average", "inject"])
+def test_mgrit_long_memory_equals_torch(relax, cfactor, levels, coarse_gates):
+    ref = make_ref(3, 6, zbias=4.0)
+    opts = tight(relax=relax, cfactor=cfactor, levels=levels, coarse_gates=coarse_gates)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=opts)
+    x, h0 = torch.randn(1459, 2, 3), torch.randn(1, 2, 6)
+    assert max(max_errors(ref, ours, x, h0)) < 1e-8
+    stats = ours.last_stats
+    assert stats.converged and not stats.fell_back
+    assert stats.forward_iterations >= 2  # the hard case needs real cycles
+
+
+def test_mgrit_multilayer_bidirectional_batch_first_unbatched():
+    ref = make_ref(3, 5, layers=2, bidirectional=True, batch_first=True, zbias=2.0)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4))
+    x, h0 = torch.randn(3, 130, 3), torch.randn(4, 3, 5)
+    assert max(max_errors(ref, ours, x, h0)) < 1e-8
+    assert len(ours.last_stats.forward) == 4
+    # unbatched input: (T, I) and h0 (D * layers, H)
+    y_r, h_r = ref(x[0], h0[:, 0])
+    y_o, h_o = ours(x[0], h0[:, 0])
+    assert y_o.shape == y_r.shape == (130, 10) and h_o.shape == (4, 5)
+    assert (y_o - y_r).abs().max() < 1e-8 and (h_o - h_r).abs().max() < 1e-8
+
+
+def test_default_options_are_accurate_in_float32():
+    ref = make_ref(8, 16, dtype=torch.float32)
+    ours = mgrit_gru.GRU.from_torch(ref)
+    x = torch.randn(3000, 2, 8, dtype=torch.float32)
+    with torch.no_grad():
+        err = (ours(x)[0] - ref(x)[0]).abs().max().item()
+    assert err < 1e-4
+    assert ours.last_stats.forward[0].levels >= 2
+
+
+def test_gradcheck_through_mgrit():
+    ref = make_ref(2, 3)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=3, levels=3))
+    x = torch.randn(20, 2, 2, requires_grad=True)
+    h0 = torch.randn(1, 2, 3, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: ours(a, b), (x, h0))
+
+
+def test_parareal_property_through_the_gru():
+    """Two levels, F-relaxation: exact after (coarse intervals - 1) cycles, not before."""
+    ref = make_ref(3, 6, zbias=3.0)
+    T, m = 60, 6  # 10 coarse intervals
+    x = torch.randn(T, 2, 3)
+    with torch.no_grad():
+        y_ref = ref(x)[0]
+
+    def error(iters):
+        opts = mgrit_gru.MGRIT(relax="F", levels=2, cfactor=m, tol=0.0, max_iters=iters)
+        with torch.no_grad():
+            return (mgrit_gru.GRU.from_torch(ref, solver=opts)(x)[0] - y_ref).abs().max().item()
+
+    assert error(T // m - 1) < 1e-13
+    assert error(T // m - 2) > 1e-10
+
+
+def test_dropout_between_layers_matches_manual_composition():
+    ours = mgrit_gru.GRU(3, 4, num_layers=2, dropout=0.5, solver=tight(cfactor=4)).train()
+    x = torch.randn(50, 2, 3)
+    torch.manual_seed(7)
+    y, _ = ours(x)
+    first = mgrit_gru.GRU(3, 4, solver="serial")
+    second = mgrit_gru.GRU(4, 4, solver="serial")
+    first.load_state_dict(
+        {k.replace("_l0", "_l0"): v for k, v in ours.state_dict().items() if k.endswith("_l0")}
+    )
+    second.load_state_dict(
+        {k.replace("_l1", "_l0"): v for k, v in ours.state_dict().items() if k.endswith("_l1")}
+    )
+    torch.manual_seed(7)
+    y_manual = second(torch.nn.functional.dropout(first(x)[0], 0.5, training=True))[0]
+    assert (y - y_manual).abs().max() < 1e-8
+    ours.eval()
+    y_eval = ours(x)[0]
+    assert (y_eval - second(first(x)[0])[0]).abs().max() < 1e-8
+
+
+@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+def test_implicit_cell_serial_and_mgrit_agree_with_literal_loop(solver):
+    from test_cell import implicit_reference
+
+    opts = "serial" if solver == "serial" else tight(cfactor=4)
+    ours = mgrit_gru.GRU(3, 5, cell="implicit", solver=opts)
+    x = torch.randn(90, 2, 3, requires_grad=True)
+    w_ih, w_hh = ours.weight_ih_l0, ours.weight_hh_l0
+    b_ih, b_hh = ours.bias_ih_l0, ours.bias_hh_l0
+    h, outs = torch.zeros(2, 5), []
+    for t in range(90):
+        h = implicit_reference(h, x[t] @ w_ih.t() + b_ih, w_hh, b_hh, 1.0)
+        outs.append(h)
+    y_ref = torch.stack(outs)
+    y, _ = ours(x)
+    assert (y - y_ref).abs().max() < 1e-10
+    w = torch.randn_like(y)
+    g_ref = torch.autograd.grad((y_ref * w).sum(), [x] + list(ours.parameters()))
+    g = torch.autograd.grad((y * w).sum(), [x] + list(ours.parameters()))
+    assert max((a - b).abs().max().item() for a, b in zip(g, g_ref)) < 1e-9
+
+
+def test_state_dict_round_trip_with_torch():
+    ours = mgrit_gru.GRU(3, 5, num_layers=2, bidirectional=True)
+    ref = torch.nn.GRU(3, 5, num_layers=2, bidirectional=True)
+    ref.load_state_dict(ours.state_dict())
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    back = mgrit_gru.GRU(3, 5, num_layers=2, bidirectional=True)
+    back.load_state_dict(ref.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), ours.parameters()))

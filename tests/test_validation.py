@@ -1,0 +1,110 @@
+"""Every user-facing error names the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mgrit_gru
+from mgrit_gru import MGRIT
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(cfactor=1), r"invalid cfactor=1; expected an integer >= 2"),
+        (dict(cfactor=2.5), r"invalid cfactor=2.5"),
+        (dict(levels=0), r"invalid levels=0; expected an integer >= 1"),
+        (dict(levels="many"), r"invalid levels='many'"),
+        (dict(relax="C"), r"invalid relax='C'; choose one of \('F', 'FCF'\)"),
+        (dict(tol=-1e-3), r"invalid tol=-0.001; expected a finite number >= 0"),
+        (dict(tol=float("nan")), r"invalid tol=nan"),
+        (dict(max_iters=-1), r"invalid max_iters=-1"),
+        (dict(backward_tol=-1.0), r"invalid backward_tol=-1.0"),
+        (dict(backward_max_iters=1.5), r"invalid backward_max_iters=1.5"),
+        (dict(coarse_gates="mean"), r"invalid coarse_gates='mean'; choose one of"),
+        (dict(on_divergence="ignore"), r"invalid on_divergence='ignore'; choose one of"),
+    ],
+)
+def test_invalid_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MGRIT(**kwargs)
+
+
+def test_options_are_frozen_and_backward_defaults_follow_forward():
+    opts = MGRIT(tol=1e-7, max_iters=3)
+    assert opts.bwd_tol == 1e-7 and opts.bwd_max_iters == 3
+    assert MGRIT(tol=1e-7, backward_tol=1e-4).bwd_tol == 1e-4
+    with pytest.raises(AttributeError):
+        opts.tol = 1.0
+    assert MGRIT.serial().is_serial and MGRIT(levels="auto").num_levels(16384) == 3
+
+
+def test_module_arguments():
+    with pytest.raises(ValueError, match="unknown solver='fast'"):
+        mgrit_gru.GRU(3, 4, solver="fast")
+    with pytest.raises(ValueError, match="unknown cell='lstm'"):
+        mgrit_gru.GRU(3, 4, cell="lstm")
+    with pytest.raises(ValueError, match="hidden_size must be a positive integer"):
+        mgrit_gru.GRU(3, 0)
+    with pytest.raises(ValueError, match="dropout must be a number in"):
+        mgrit_gru.GRU(3, 4, dropout=1.5)
+    with pytest.raises(TypeError, match="expected a torch.nn.GRU"):
+        mgrit_gru.GRU.from_torch(torch.nn.LSTM(3, 4))
+
+
+@pytest.fixture
+def gru():
+    return mgrit_gru.GRU(3, 4, num_layers=2)
+
+
+@pytest.mark.parametrize(
+    "make,error,match",
+    [
+        (lambda: (torch.randn(5, 2, 3, 1), None), ValueError, r"2 \(unbatched.*or 3 dimensions"),
+        (
+            lambda: (torch.randn(5, 2, 7), None),
+            ValueError,
+            r"input.size\(-1\) must equal "
+            r"input_size=3, got 7",
+        ),
+        (
+            lambda: (torch.randn(5, 2, 3, dtype=torch.float32), None),
+            TypeError,
+            r"input dtype torch.float32 does not match the parameters' dtype torch.float64",
+        ),
+        (lambda: (torch.randn(0, 2, 3), None), ValueError, r"empty sequence"),
+        (lambda: (torch.randn(5, 0, 3), None), ValueError, r"empty batch"),
+        (
+            lambda: (torch.tensor([[[1.0, float("nan"), 0.0]]]), None),
+            ValueError,
+            r"input contains NaN or Inf",
+        ),
+        (
+            lambda: (torch.randn(5, 2, 3), torch.randn(1, 2, 4)),
+            ValueError,
+            r"expected h0 of shape \(2, 2, 4\), got \(1, 2, 4\)",
+        ),
+        (
+            lambda: (torch.randn(5, 2, 3), torch.randn(2, 2, 4, dtype=torch.float32)),
+            TypeError,
+            r"h0 dtype torch.float32 does not match",
+        ),
+        (
+            lambda: (torch.randn(5, 2, 3), torch.full((2, 2, 4), float("inf"))),
+            ValueError,
+            r"h0 contains NaN or Inf",
+        ),
+        (lambda: ([[1.0, 2.0, 3.0]], None), TypeError, r"input must be a torch.Tensor"),
+    ],
+)
+def test_bad_input(gru, make, error, match):
+    x, h0 = make()
+    with pytest.raises(error, match=match):
+        gru(x, h0)
+
+
+def test_device_mismatch(gru):
+    x = torch.randn(5, 2, 3, device="meta")
+    with pytest.raises(ValueError, match=r"input is on meta but the parameters are on cpu"):
+        gru(x)
