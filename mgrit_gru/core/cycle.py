@@ -134,6 +134,7 @@ def solve(
     tol: float = 0.0,
     max_iters: int = 1,
     scale: float = 1.0,
+    work: Optional[Tensor] = None,
 ) -> SolveResult:
     """Solve ``u_{k+1} = Phi_0(u_k; k) + g_k`` from ``u_0 = u0`` on the finest grid.
 
@@ -145,6 +146,7 @@ def solve(
         tol, scale: stop when the largest absolute C-point residual divided by ``scale`` is
             ``<= tol``; ``residuals`` are recorded divided by ``scale`` too.
         max_iters: cap on V-cycles.
+        work: optional ``(m, n, *S)`` tensor to hold the level-0 points (else allocated).
 
     Returns:
         :class:`SolveResult`. ``residuals`` holds the residual after each relaxation (one per
@@ -155,7 +157,8 @@ def solve(
         With one grid the solve is the exact serial sweep and ``residuals`` is empty.
     """
     first = grids[0]
-    u = u0.expand(first.m, first.n, *u0.shape).clone()
+    u = u0.new_empty((first.m, first.n, *u0.shape)) if work is None else work
+    u.copy_(u0.expand(first.m, first.n, *u0.shape))
     uend = u0.clone()
     solver = _Solver(grids, ops, relax)
     if len(grids) == 1:

@@ -15,6 +15,7 @@ leading axis, ``u[j]`` (all chunks at once) is contiguous, so one batched step i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -62,10 +63,11 @@ def chunk_view(flat: Tensor, grid: Grid) -> Tensor:
     return flat.view(grid.n, grid.m, *flat.shape[1:]).transpose(0, 1)
 
 
-def flat_points(u: Tensor, uend: Tensor) -> Tensor:
+def flat_points(u: Tensor, uend: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """Chunk layout ``(m, n, *S)`` plus the last point -> all ``M + 1`` points in time order."""
     m, n = u.shape[:2]
-    out = u.new_empty((m * n + 1, *u.shape[2:]))
+    if out is None:
+        out = u.new_empty((m * n + 1, *u.shape[2:]))
     out[: m * n].view(n, m, *u.shape[2:]).copy_(u.transpose(0, 1))
     out[m * n] = uend
     return out

@@ -35,6 +35,13 @@ def recurrent_gates(h: Tensor, w_hh: Tensor, b_hh: Optional[Tensor]) -> Tensor:
     return out.view(*h.shape[:-1], w_hh.shape[0])
 
 
+def tanh(x: Tensor) -> Tensor:
+    """tanh as 2 sigmoid(2x) - 1: on the CPU torch's sigmoid is several times faster than its
+    tanh (0.06 against 0.35 ms for 131k floats here); the absolute error is at round-off."""
+    s = torch.sigmoid(x * 2.0)
+    return s * 2.0 - 1.0 if s.requires_grad else s.mul_(2.0).sub_(1.0)
+
+
 def step(
     h: Tensor,
     gx: Tensor,
@@ -48,16 +55,23 @@ def step(
 
     Args:
         h: states ``(..., H)``.
-        gx: input gates ``(..., 3H)``, broadcastable against ``h``'s leading shape.
+        gx: input gates ``(..., 3H)`` with ``h``'s leading shape (any strides).
         cell: ``"classic"`` or ``"implicit"``.
         dt: step sizes broadcastable to ``(..., 1)``; None means 1.
         out: optional output ``(..., H)``.
     """
     H = h.shape[-1]
-    gh = recurrent_gates(h, w_hh, b_hh)
-    rz = torch.sigmoid(gh[..., : 2 * H].add_(gx[..., : 2 * H]))
+    flat = h.reshape(-1, H)
+    rows = flat.shape[0]
+    # r, z pre-activations: the input gates enter as addmm's bias term, fused into the GEMM.
+    pre_rz = gx[..., : 2 * H].reshape(rows, 2 * H)
+    if b_hh is not None:
+        pre_rz = pre_rz + b_hh[: 2 * H]
+    rz = torch.addmm(pre_rz, flat, w_hh[: 2 * H].t()).sigmoid_().view(*h.shape[:-1], 2 * H)
     r, z = rz[..., :H], rz[..., H:]
-    n = torch.tanh(torch.addcmul(gx[..., 2 * H :], r, gh[..., 2 * H :]))
+    w_n = w_hh[2 * H :].t()
+    ghn = (flat @ w_n if b_hh is None else torch.addmm(b_hh[2 * H :], flat, w_n)).view(h.shape)
+    n = tanh(torch.addcmul(gx[..., 2 * H :], r, ghn))
     if cell == "classic" and dt is None:
         return torch.lerp(n, h, z, out=out)  # n + z (h - n) = h + (1 - z)(n - h)
     theta = torch.rsub(z, 1.0)
@@ -85,23 +99,24 @@ def linearise(
     """Adjoint coefficients of :func:`step` at states ``h`` (any leading shape, all at once)."""
     H = h.shape[-1]
     gh = recurrent_gates(h, w_hh, b_hh)
-    rz = torch.sigmoid(gx[..., : 2 * H] + gh[..., : 2 * H])
+    rz = torch.sigmoid(gh[..., : 2 * H] + gx[..., : 2 * H])
     r, z = rz[..., :H], rz[..., H:]
     ghn = gh[..., 2 * H :]
-    n = torch.tanh(torch.addcmul(gx[..., 2 * H :], r, ghn))
-    a = 1.0 - z
-    step_size = 1.0 if dt is None else dt
-    w = a * step_size
-    if cell == "classic":
+    n = tanh(torch.addcmul(gx[..., 2 * H :], r, ghn))
+    w = torch.rsub(z, 1.0) if dt is None else torch.rsub(z, 1.0).mul_(dt)  # dt (1 - z)
+    K_z = h - n if dt is None else (h - n).mul_(dt)  # will be dh'/dz
+    if cell == "classic":  # theta = w: dtheta/dz = -dt
         theta = w
-        dtheta_dz = -torch.ones_like(z) * step_size
-    else:
-        theta = w / (1.0 + w)
-        dtheta_dz = -step_size / (1.0 + w) ** 2
-    D = 1.0 - theta
-    A_n = theta * (1.0 - n * n)
-    K_z = (n - h) * dtheta_dz
-    C = torch.cat([A_n * ghn * r * (1.0 - r), K_z * z * (1.0 - z), A_n * r], dim=-1)
+        D = torch.rsub(theta, 1.0)
+    else:  # theta = w / (1 + w): dtheta/dz = -dt / (1 + w)^2
+        D = torch.reciprocal(w + 1.0)
+        theta = w.mul_(D)
+        K_z.mul_(D * D)
+    A_n = (1.0 - n * n).mul_(theta)
+    C = torch.empty_like(gh)
+    torch.mul(A_n, ghn, out=C[..., :H]).mul_(r).mul_(1.0 - r)
+    torch.mul(K_z, z, out=C[..., H : 2 * H]).mul_(1.0 - z)
+    torch.mul(A_n, r, out=C[..., 2 * H :])
     return Linearisation(D, C, A_n)
 
 
@@ -120,15 +135,16 @@ def adjoint_step(
 
 
 class GateGrads(NamedTuple):
-    d_gx: Tensor  # (T, B, 3H) gradient of W_ih x + b_ih
-    d_gh: Tensor  # (T, B, 3H) gradient of W_hh h + b_hh
+    d_gx: Tensor  # (..., 3H) gradient of W_ih x + b_ih
+    d_gh: Tensor  # (..., 3H) gradient of W_hh h + b_hh
 
 
-def gate_grads(lam_next: Tensor, lin: Linearisation) -> GateGrads:
-    """Gate pre-activation gradients of every step at once from ``lam_{i+1}`` ``(T, B, H)``."""
-    lam3 = lam_next.repeat(*([1] * (lam_next.dim() - 1)), 3)
-    d_gh = lin.C * lam3
-    d_gx = d_gh.clone()
+def gate_grads(lam_next: Tensor, C: Tensor, A_n: Tensor) -> GateGrads:
+    """Gate pre-activation gradients of steps from ``lam_{i+1}`` ``(..., H)`` and the steps'
+    coefficients ``C`` ``(..., 3H)``, ``A_n`` ``(..., H)``; any number of steps at once."""
     H = lam_next.shape[-1]
-    d_gx[..., 2 * H :] = lin.A_n * lam_next
+    lead = lam_next.shape[:-1]
+    d_gh = (C.reshape(*lead, 3, H) * lam_next.unsqueeze(-2)).view(*lead, 3 * H)
+    d_gx = d_gh.clone()
+    torch.mul(A_n, lam_next, out=d_gx[..., 2 * H :])
     return GateGrads(d_gx, d_gh)

@@ -12,6 +12,7 @@ coarse point.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -19,6 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import workspace
 from ..core import Grid, SolveResult, build_grids, chunk_view, flat_points, pad_steps, solve
 from ..options import MGRIT
 from ..stats import SolveStats
@@ -62,28 +64,46 @@ class AdjointStep:
 
 @dataclass
 class Hierarchy:
-    """Forward grids and the per-level (real, unpadded) gates and step sizes."""
+    """Forward grids and the coarse levels' (real, unpadded) gates and step sizes.
+
+    ``gates[l]`` ``(N_l, B, 3H)`` and ``dts[l]`` ``(N_l,)`` for levels ``l >= 1``; index 0 is
+    None: the fine gates are recomputed where needed rather than kept.
+    """
 
     grids: list[Grid]
-    gates: list[Tensor]  # level l: (N_l, B, 3H)
-    dts: list[Tensor]  # level l: (N_l,)
+    gates: list[Optional[Tensor]]
+    dts: list[Optional[Tensor]]
 
 
-def build_hierarchy(gx: Tensor, options: MGRIT, levels: Optional[int] = None) -> Hierarchy:
-    T = gx.shape[0]
-    grids = build_grids(T, options.cfactor, levels or options.num_levels(T))
-    gates, dts = [gx], [gx.new_ones(T)]
-    for fine in grids[:-1]:
-        g = pad_steps(gates[-1], fine).view(fine.n, fine.m, *gx.shape[1:])
-        w = pad_steps(dts[-1], fine).view(fine.n, fine.m)
+def input_gates(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], out: Optional[Tensor] = None):
+    """``W_ih x_t + b_ih`` for all t at once ``(T, B, 3H)``: one GEMM over ``T * B`` rows."""
+    flat = x.reshape(-1, x.shape[-1])
+    shape = (*x.shape[:-1], w_ih.shape[0])
+    if out is None:
+        out = x.new_empty(shape)
+    if b_ih is None:
+        torch.mm(flat, w_ih.t(), out=out.view(-1, shape[-1]))
+    else:
+        torch.addmm(b_ih, flat, w_ih.t(), out=out.view(-1, shape[-1]))
+    return out
+
+
+def build_hierarchy(gx_pad: Tensor, grids: list[Grid], options: MGRIT) -> Hierarchy:
+    """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T)."""
+    gates, dts = [None], [None]
+    g_fine, w_fine = gx_pad, pad_steps(gx_pad.new_ones(grids[0].N), grids[0])
+    for fine, coarse in zip(grids[:-1], grids[1:]):
+        g = g_fine.view(fine.n, fine.m, *gx_pad.shape[1:])
+        w = w_fine.view(fine.n, fine.m)
         dt = w.sum(1)
-        if options.coarse_gates == "average":
+        if options.coarse_gates == "average":  # dt-weighted mean over the real fine steps
             flat = g.reshape(fine.n, fine.m, -1)
             avg = torch.bmm(w.unsqueeze(1), flat).squeeze(1) / dt.unsqueeze(1)
-            gates.append(avg.view(fine.n, *gx.shape[1:]))
+            gates.append(avg.view(fine.n, *gx_pad.shape[1:]))
         else:
             gates.append(g[:, 0].clone())
         dts.append(dt)
+        g_fine, w_fine = pad_steps(gates[-1], coarse), pad_steps(dt, coarse)
     return Hierarchy(grids, gates, dts)
 
 
@@ -110,48 +130,137 @@ def _diverged(pass_: str, options: MGRIT, result: SolveResult) -> None:
 
 
 def forward_solve(
-    gx: Tensor,
+    x: Tensor,
     h0: Tensor,
+    w_ih: Tensor,
+    b_ih: Optional[Tensor],
     w_hh: Tensor,
     b_hh: Optional[Tensor],
     cell: str,
     options: MGRIT,
     where=(0, False),
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
-    """Solve one layer forward. Returns all points ``(T + 1, B, H)`` (point 0 is h0)."""
-    T = gx.shape[0]
-    hier = build_hierarchy(gx, options)
+    """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``.
 
-    def run(h: Hierarchy) -> SolveResult:
-        ops = [
-            ForwardStep(
-                g,
-                pad_steps(gates, g),
-                w_hh,
-                b_hh,
-                cell if lvl == 0 else "implicit",
-                None if lvl == 0 else pad_steps(dt, g),
-            )
-            for lvl, (g, gates, dt) in enumerate(zip(h.grids, h.gates, h.dts))
-        ]
+    Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
+    the adjoint) and the stats.
+    """
+    T, B = x.shape[:2]
+    grids = build_grids(T, options.cfactor, options.num_levels(T))
+    M = grids[0].M
+    gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
+    input_gates(x, w_ih, b_ih, out=gx[:T])
+    gx[T:] = 0.0
+    hier = build_hierarchy(gx, grids, options)
+    coarse_ops = [
+        ForwardStep(
+            g, pad_steps(hier.gates[lvl], g), w_hh, b_hh, "implicit", pad_steps(hier.dts[lvl], g)
+        )
+        for lvl, g in enumerate(grids)
+        if lvl > 0
+    ]
+
+    def run(grids: list[Grid]) -> SolveResult:
+        fine = grids[0]
+        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hh, cell)] + coarse_ops
+        work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
         return solve(
-            h.grids, ops, h0, relax=options.relax, tol=options.tol, max_iters=options.max_iters
+            grids,
+            ops,
+            h0,
+            relax=options.relax,
+            tol=options.tol,
+            max_iters=options.max_iters,
+            work=work,
         )
 
-    result, fell_back, grids = run(hier), False, hier.grids
+    result, fell_back = run(grids), False
     if result.diverged:
         _diverged("forward", options, result)
-        serial = build_hierarchy(gx, options, levels=1)
-        stats_result = result
-        result, fell_back, grids = run(serial), True, serial.grids
-        result.residuals, result.iterations = stats_result.residuals, stats_result.iterations
+        diverged, grids = result, [Grid(N=T, m=T, n=1)]
+        result, fell_back = run(grids), True
+        result.residuals, result.iterations = diverged.residuals, diverged.iterations
     points = flat_points(result.u, result.uend)[: T + 1]
     return points, hier, _stats("forward", where, grids, result, fell_back)
 
 
+BLOCK_ROWS = 2048  # rows (steps x batch) per block of whole-sequence elementwise work
+
+
+def time_blocks(T: int, B: int):
+    """Blocks ``[k0, k1)`` of time steps of about BLOCK_ROWS rows: the elementwise chains over
+    all steps then run on cache-resident temporaries instead of whole-sequence tensors."""
+    size = max(1, BLOCK_ROWS // max(B, 1))
+    for k0 in range(0, T, size):
+        yield k0, min(T, k0 + size)
+
+
+def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M):
+    """Adjoint coefficients of every fine step, reversed in time and front-padded to ``M``
+    steps with identity steps: step ``k`` lands at reversed index ``M - 1 - k``. The input
+    gates are recomputed per block (one small GEMM) instead of being kept from the forward.
+
+    Returns ``D_rev`` ``(M, B, H)``, ``C_rev`` ``(M, B, 3H)`` and ``A_n`` ``(T, B, H)`` (forward
+    order, only needed for the input-gate gradients), all workspace buffers.
+    """
+    T, B, H = x.shape[0], x.shape[1], points.shape[-1]
+    D_rev = workspace.buffer("bwd.D", (M, B, H), points)
+    C_rev = workspace.buffer("bwd.C", (M, B, 3 * H), points)
+    A_n = workspace.buffer("bwd.A_n", (T, B, H), points)
+    D_rev[: M - T] = 1.0
+    C_rev[: M - T] = 0.0
+    for k0, k1 in time_blocks(T, B):
+        gx = input_gates(x[k0:k1], w_ih, b_ih)
+        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hh, cell)
+        D_rev[M - k1 : M - k0] = lin.D.flip(0)
+        C_rev[M - k1 : M - k0] = lin.C.flip(0)
+        A_n[k0:k1] = lin.A_n
+    return D_rev, C_rev, A_n
+
+
+def reversed_forcing(d_out: Tensor, d_last: Tensor, M: int) -> tuple[Tensor, Tensor]:
+    """The adjoint's right-hand side in reversed time, ``g[j] = f_{M-1-j}`` ``(M, B, H)``, and
+    ``f_T`` (its initial value when no padding precedes it), where ``f_k = dL/du_k`` directly:
+    ``dL/dy_{k-1}``, plus ``dL/dh_n`` at ``k = T``, zero at ``k = 0`` and past T."""
+    T, B = d_out.shape[:2]
+    g = workspace.buffer("bwd.g", (M, *d_out.shape[1:]), d_out)
+    g[: M - 1 - T] = 0.0
+    g[M - 1] = 0.0
+    # dL/dy_i is f_{i+1}, at reversed index M - 2 - i; with M == T, f_T is the initial value.
+    for k0, k1 in time_blocks(min(T, M - 1), B):
+        g[M - 1 - k1 : M - 1 - k0] = d_out[k0:k1].flip(0)
+    f_T = d_out[T - 1] + d_last
+    if M > T:
+        g[M - 1 - T] = f_T
+    return g, f_T
+
+
+@dataclass
+class Adjoint:
+    """The solved adjoint of one layer, in reversed time: ``lam_k = lam_rev[T - k]``."""
+
+    lam_rev: Tensor  # (T + 1, B, H)
+    C_rev: Tensor  # (T, B, 3H) fine coefficients, reversed
+    A_n: Tensor  # (T, B, H) forward order
+    stats: SolveStats
+
+    def blocks(self, T: int, B: int):
+        """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and ``A_n`` in forward order."""
+        for k0, k1 in time_blocks(T, B):
+            yield (
+                k0,
+                k1,
+                self.lam_rev[T - k1 : T - k0].flip(0),
+                self.C_rev[T - k1 : T - k0].flip(0),
+                self.A_n[k0:k1],
+            )
+
+
 def adjoint_solve(
     points: Tensor,
-    gx: Tensor,
+    x: Tensor,
+    w_ih: Tensor,
+    b_ih: Optional[Tensor],
     hier: Hierarchy,
     w_hh: Tensor,
     b_hh: Optional[Tensor],
@@ -160,78 +269,69 @@ def adjoint_solve(
     d_out: Tensor,
     d_last: Tensor,
     where=(0, False),
-) -> tuple[Tensor, gru.Linearisation, SolveStats]:
+) -> Adjoint:
     """Solve the adjoint of one layer.
 
     Args:
-        points: forward points ``(T + 1, B, H)``; gx: fine input gates ``(T, B, 3H)``.
+        points: forward points ``(T + 1, B, H)``; x: the layer input ``(T, B, I)``.
         d_out: dL/dy ``(T, B, H)``; d_last: dL/dh_n ``(B, H)``.
-
-    Returns:
-        ``lam`` ``(T + 1, B, H)`` with ``lam_0 = dL/dh0``, the fine linearisation, stats.
     """
-    T = gx.shape[0]
-    fine = gru.linearise(points[:T], gx, w_hh, b_hh, cell)
-    forcing = torch.zeros_like(points)
-    forcing[1:] = d_out
-    forcing[T] += d_last
-    scale = forcing.abs().max().item()
-
-    def run(levels: int) -> tuple[list[Grid], SolveResult]:
-        grids = build_grids(T, options.cfactor, levels, front=True)
-        M = grids[0].M
-        f_pad = pad_steps(forcing, Grid(N=T + 1, m=M + 1, n=1))  # (M + 1, B, H), zeros at the end
-        ops = [
+    T, B = x.shape[:2]
+    mgrit_grids = build_grids(T, options.cfactor, len(hier.grids), front=True)
+    M = mgrit_grids[0].M
+    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M)
+    g_rev, f_T = reversed_forcing(d_out, d_last, M)
+    low, high = torch.aminmax(g_rev)
+    scale = max(-low.item(), high.item(), f_T.abs().max().item())
+    coarse_ops = []
+    for lvl in range(1, len(mgrit_grids)):
+        stride = options.cfactor**lvl
+        lin = gru.linearise(
+            points[0:T:stride],
+            hier.gates[lvl],
+            w_hh,
+            b_hh,
+            "implicit",
+            hier.dts[lvl][:, None, None],
+        )
+        grid = mgrit_grids[lvl]
+        coarse_ops.append(
             AdjointStep(
-                grids[0],
-                pad_steps(fine.D.flip(0), grids[0], 1.0),
-                pad_steps(fine.C.flip(0), grids[0]),
-                w_hh,
+                grid, pad_steps(lin.D.flip(0), grid, 1.0), pad_steps(lin.C.flip(0), grid), w_hh
             )
-        ]
-        for lvl in range(1, len(grids)):
-            stride = options.cfactor**lvl
-            lin = gru.linearise(
-                points[0:T:stride],
-                hier.gates[lvl],
-                w_hh,
-                b_hh,
-                "implicit",
-                hier.dts[lvl][:, None, None],
-            )
-            ops.append(
-                AdjointStep(
-                    grids[lvl],
-                    pad_steps(lin.D.flip(0), grids[lvl], 1.0),
-                    pad_steps(lin.C.flip(0), grids[lvl]),
-                    w_hh,
-                )
-            )
-        g0 = chunk_view(f_pad[:M].flip(0), grids[0]).contiguous()
-        bwd_tol = options.bwd_tol
-        result = solve(
+        )
+
+    def run(grids: list[Grid]) -> SolveResult:
+        fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
+        ops = [AdjointStep(fine, D_rev[M - fine.M :], C_rev[M - fine.M :], w_hh)]
+        ops += coarse_ops[: len(grids) - 1]
+        u0 = f_T if fine.M == T else torch.zeros_like(f_T)
+        work = workspace.buffer("bwd.u", (fine.m, fine.n, *f_T.shape), f_T)
+        return solve(
             grids,
             ops,
-            f_pad[M],
-            g0,
+            u0,
+            chunk_view(g_rev[M - fine.M :], fine),
             relax=options.relax,
-            tol=bwd_tol,
+            tol=options.bwd_tol,
             max_iters=options.bwd_max_iters,
             scale=scale,
+            work=work,
         )
-        return grids, result
 
-    levels = 1 if not torch.isfinite(forcing).all() else len(hier.grids)
-    grids, result = run(levels)
+    serial_grids = [Grid(N=T, m=T, n=1)]
+    # A NaN or Inf gradient flows on as in autograd, without a fallback.
+    grids = mgrit_grids if math.isfinite(scale) else serial_grids
+    result = run(grids)
     fell_back = False
     if result.diverged:
         _diverged("backward", options, result)
-        diverged = result
-        grids, result = run(1)
-        result.residuals, result.iterations, fell_back = (
-            diverged.residuals,
-            diverged.iterations,
-            True,
-        )
-    lam = flat_points(result.u, result.uend).flip(0)[: T + 1]
-    return lam, fine, _stats("backward", where, grids, result, fell_back)
+        diverged, grids = result, serial_grids
+        result = run(grids)
+        result.residuals, result.iterations = diverged.residuals, diverged.iterations
+        fell_back = True
+    Mg = grids[0].M
+    lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
+    lam_rev = flat_points(result.u, result.uend, out=lam)[Mg - T :]
+    stats = _stats("backward", where, grids, result, fell_back)
+    return Adjoint(lam_rev, C_rev[M - T :], A_n, stats)
