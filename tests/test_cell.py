@@ -26,8 +26,16 @@ def implicit_reference(h, gx, w_hh, b_hh, dt):
 def test_classic_step_is_torch_gru_cell():
     c, w_ih, w_hh, b_ih, b_hh = params()
     x, h = torch.randn(7, 4), torch.randn(7, 6)
-    gx = x @ w_ih.t() + b_ih
-    assert torch.allclose(gru.step(h, gx, w_hh, b_hh, "classic"), c(x, h), atol=1e-14, rtol=0)
+    gx = x @ w_ih.t() + gru.fold_bias(b_ih, b_hh, 6)
+    out = gru.step(h, gx, w_hh, b_hh[12:], "classic")
+    assert torch.allclose(out, c(x, h), atol=1e-14, rtol=0)
+
+
+def test_tanh_via_sigmoid_for_large_tensors():
+    x = torch.linspace(-30, 30, 100_001)
+    assert torch.allclose(gru.tanh_(x.clone()), torch.tanh(x), atol=1e-15, rtol=0)
+    x32 = x.float()
+    assert torch.allclose(gru.tanh_(x32.clone()), torch.tanh(x32), atol=3e-7, rtol=0)
 
 
 @pytest.mark.parametrize("dt", [1.0, 0.0, 17.0])
@@ -35,7 +43,8 @@ def test_implicit_step_formula(dt):
     _, w_ih, w_hh, b_ih, b_hh = params()
     h, gx = torch.randn(7, 6), torch.randn(7, 18)
     dts = torch.full((7, 1), dt)
-    out = gru.step(h, gx, w_hh, b_hh, "implicit", dts)
+    folded = gx + gru.fold_bias(None, b_hh, 6)
+    out = gru.step(h, folded, w_hh, b_hh[12:], "implicit", dts)
     assert torch.allclose(out, implicit_reference(h, gx, w_hh, b_hh, dt), atol=1e-14, rtol=0)
     if dt == 0.0:
         assert torch.equal(out, h)
@@ -44,7 +53,7 @@ def test_implicit_step_formula(dt):
 def test_classic_step_with_dt_zero_is_identity():
     _, _, w_hh, _, b_hh = params()
     h, gx = torch.randn(3, 6), torch.randn(3, 18)
-    assert torch.equal(gru.step(h, gx, w_hh, b_hh, "classic", torch.zeros(3, 1)), h)
+    assert torch.equal(gru.step(h, gx, w_hh, b_hh[12:], "classic", torch.zeros(3, 1)), h)
 
 
 @pytest.mark.parametrize(
@@ -57,12 +66,13 @@ def test_linearisation_matches_autograd(cell, dt):
     gx = torch.randn(5, 18, requires_grad=True)
     lam = torch.randn(5, 6)
     dts = None if dt is None else torch.full((5, 1), dt)
-    out = gru.step(h, gx, w_hh, b_hh, cell, dts)
+    b_hn = b_hh[12:]
+    out = gru.step(h, gx, w_hh, b_hn, cell, dts)
     w_hh_leaf = w_hh.detach().requires_grad_()
-    out2 = gru.step(h, gx, w_hh_leaf, b_hh, cell, dts)
+    out2 = gru.step(h, gx, w_hh_leaf, b_hn, cell, dts)
     d_h, d_gx = torch.autograd.grad(out, [h, gx], lam)
     (d_w,) = torch.autograd.grad(out2, [w_hh_leaf], lam)
-    lin = gru.linearise(h.detach(), gx.detach(), w_hh.detach(), b_hh.detach(), cell, dts)
+    lin = gru.linearise(h.detach(), gx.detach(), w_hh.detach(), b_hn.detach(), cell, dts)
     assert torch.allclose(gru.adjoint_step(lam, lin.D, lin.C, w_hh.detach()), d_h, atol=1e-13)
     grads = gru.gate_grads(lam, lin.C, lin.A_n)
     assert torch.allclose(grads.d_gx, d_gx, atol=1e-13)

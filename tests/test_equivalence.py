@@ -169,3 +169,21 @@ def test_state_dict_round_trip_with_torch():
     back = mgrit_gru.GRU(3, 5, num_layers=2, bidirectional=True)
     back.load_state_dict(ref.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(back.parameters(), ours.parameters()))
+
+
+def test_two_calls_before_backward_keep_their_own_results():
+    """Work buffers are pooled across calls: nothing returned or saved may alias them."""
+    ref = make_ref(3, 6, zbias=2.0)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=8))
+    xa, xb = torch.randn(300, 2, 3), torch.randn(300, 2, 3)
+    ha, hb = torch.randn(1, 2, 6), torch.randn(1, 2, 6)
+    wa, wb = torch.randn(300, 2, 6), torch.randn(300, 2, 6)
+    results = []
+    for module in (ref, ours):
+        leaves = [t.clone().requires_grad_() for t in (xa, ha, xb, hb)]
+        ya, hna = module(leaves[0], leaves[1])
+        yb, hnb = module(leaves[2], leaves[3])
+        loss = (ya * wa).sum() + (yb * wb).sum() + hna.sum() - hnb.sum()
+        results.append([ya, yb, hna, hnb, *torch.autograd.grad(loss, leaves)])
+    for a, b in zip(*results):
+        assert (a - b).abs().max() < 1e-8

@@ -34,17 +34,17 @@ class DivergenceError(RuntimeError):
 class ForwardStep:
     """Propagator of a forward level: GRU steps with gates ``(M, B, 3H)`` and sizes ``dt``."""
 
-    def __init__(self, grid, gates, w_hh, b_hh, cell, dt=None):
-        self.gx = chunk_view(gates, grid)
+    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None):
+        self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
         self.dt = None if dt is None else chunk_view(dt, grid)[..., None, None]
-        self.w_hh, self.b_hh, self.cell = w_hh, b_hh, cell
+        self.w_hh, self.b_hn, self.cell = w_hh, b_hn, cell
         # Level 0 carries no dt: its padding is the tail of the last chunk, kept as identity.
         self.tail = grid.N - (grid.n - 1) * grid.m if dt is None and grid.M > grid.N else None
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         gx = self.gx if j is None else self.gx[j]
         dt = None if self.dt is None else (self.dt if j is None else self.dt[j])
-        res = gru.step(u, gx, self.w_hh, self.b_hh, self.cell, dt, out=out)
+        res = gru.step(u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out)
         if self.tail is not None and (j is None or j >= self.tail):
             res[..., -1, :, :].copy_(u[..., -1, :, :])
         return res
@@ -148,13 +148,15 @@ def forward_solve(
     T, B = x.shape[:2]
     grids = build_grids(T, options.cfactor, options.num_levels(T))
     M = grids[0].M
+    H = w_hh.shape[1]
+    b_hn = None if b_hh is None else b_hh[2 * H :]
     gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
-    input_gates(x, w_ih, b_ih, out=gx[:T])
+    input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[:T])
     gx[T:] = 0.0
     hier = build_hierarchy(gx, grids, options)
     coarse_ops = [
         ForwardStep(
-            g, pad_steps(hier.gates[lvl], g), w_hh, b_hh, "implicit", pad_steps(hier.dts[lvl], g)
+            g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
         )
         for lvl, g in enumerate(grids)
         if lvl > 0
@@ -162,7 +164,7 @@ def forward_solve(
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]
-        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hh, cell)] + coarse_ops
+        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
         return solve(
             grids,
@@ -204,14 +206,15 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M):
     order, only needed for the input-gate gradients), all workspace buffers.
     """
     T, B, H = x.shape[0], x.shape[1], points.shape[-1]
+    b_in, b_hn = gru.fold_bias(b_ih, b_hh, H), None if b_hh is None else b_hh[2 * H :]
     D_rev = workspace.buffer("bwd.D", (M, B, H), points)
     C_rev = workspace.buffer("bwd.C", (M, B, 3 * H), points)
     A_n = workspace.buffer("bwd.A_n", (T, B, H), points)
     D_rev[: M - T] = 1.0
     C_rev[: M - T] = 0.0
     for k0, k1 in time_blocks(T, B):
-        gx = input_gates(x[k0:k1], w_ih, b_ih)
-        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hh, cell)
+        gx = input_gates(x[k0:k1], w_ih, b_in)
+        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell)
         D_rev[M - k1 : M - k0] = lin.D.flip(0)
         C_rev[M - k1 : M - k0] = lin.C.flip(0)
         A_n[k0:k1] = lin.A_n
@@ -284,13 +287,14 @@ def adjoint_solve(
     low, high = torch.aminmax(g_rev)
     scale = max(-low.item(), high.item(), f_T.abs().max().item())
     coarse_ops = []
+    b_hn = None if b_hh is None else b_hh[2 * w_hh.shape[1] :]
     for lvl in range(1, len(mgrit_grids)):
         stride = options.cfactor**lvl
         lin = gru.linearise(
             points[0:T:stride],
             hier.gates[lvl],
             w_hh,
-            b_hh,
+            b_hn,
             "implicit",
             hier.dts[lvl][:, None, None],
         )
