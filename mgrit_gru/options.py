@@ -60,7 +60,7 @@ class MGRIT:
     levels: Union[int, Literal["auto"]] = "auto"
     relax: Literal["F", "FCF"] = "FCF"
     tol: float = 1e-5
-    max_iters: int = 2
+    max_iters: int = 10
     backward_tol: float | None = None
     backward_max_iters: int | None = None
     coarse_gates: Literal["average", "inject"] = "average"
