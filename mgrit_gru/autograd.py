@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .gru import cell as gru
@@ -12,7 +15,10 @@ from .stats import RunStats
 
 
 class GRULayerFunction(torch.autograd.Function):
-    """``y, h_n = layer(x, h0)`` for x ``(T, B, I)``, h0 ``(B, H)``; y ``(T, B, H)``."""
+    """``y, h_n = layer(x, h0)`` for x ``(T, B, I)``, h0 ``(B, H)``; y ``(T, B, H)``.
+
+    ``y`` holds the state after every step (past a sequence's length: its final state; the
+    module zeroes those outputs)."""
 
     @staticmethod
     def forward(
@@ -27,10 +33,13 @@ class GRULayerFunction(torch.autograd.Function):
         options: MGRIT,
         record: RunStats,
         where: tuple[int, bool],
+        mask: Optional[Tensor],
     ):
-        points, hier, stats = forward_solve(x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where)
+        points, hier, stats = forward_solve(
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask
+        )
         record.forward.append(stats)
-        ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points)
+        ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
         T = x.shape[0]
         return points[1:], points[T].clone()
@@ -38,7 +47,7 @@ class GRULayerFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, d_y, d_hn):
-        x, w_ih, w_hh, b_ih, b_hh, points = ctx.saved_tensors
+        x, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
         adj = adjoint_solve(
             points,
@@ -53,6 +62,7 @@ class GRULayerFunction(torch.autograd.Function):
             d_y,
             d_hn,
             ctx.where,
+            mask,
         )
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad
@@ -82,8 +92,11 @@ class GRULayerFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
-def gru_layer(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where=(0, False)):
-    return GRULayerFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where)
+def gru_layer(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where=(0, False), mask=None):
+    """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
+    (the state stays fixed there, so ``h_n`` is each sequence's state at its own end)."""
+    return GRULayerFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask)

@@ -8,6 +8,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .autograd import gru_layer
 from .gru.cell import CELLS
@@ -144,8 +145,6 @@ class GRU(nn.Module):
     def _check_input(
         self, x: Tensor, hx: Optional[Tensor]
     ) -> tuple[Tensor, Optional[Tensor], bool]:
-        if isinstance(x, nn.utils.rnn.PackedSequence):
-            raise TypeError("GRU: PackedSequence input is not supported yet; pass a padded tensor")
         if not isinstance(x, Tensor):
             raise TypeError(f"GRU: input must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() not in (2, 3):
@@ -204,12 +203,66 @@ class GRU(nn.Module):
             x = x.transpose(0, 1)
         return x, hx, batched
 
-    def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def _check_lengths(self, lengths, T: int, B: int, batched: bool) -> Optional[Tensor]:
+        if lengths is None:
+            return None
+        if not batched:
+            raise ValueError("GRU: lengths= needs batched input")
+        lengths = torch.as_tensor(lengths)
+        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise TypeError(f"GRU: lengths must be integers, got {lengths.dtype}")
+        if tuple(lengths.shape) != (B,):
+            raise ValueError(f"GRU: lengths must have shape ({B},), got {tuple(lengths.shape)}")
+        lengths = lengths.to("cpu", torch.long)
+        if lengths.min() < 1 or lengths.max() > T:
+            raise ValueError(
+                f"GRU: lengths must lie in [1, {T}] (the padded length), got "
+                f"min {int(lengths.min())} max {int(lengths.max())}"
+            )
+        return lengths
+
+    def forward(
+        self, input, hx: Optional[Tensor] = None, *, lengths: Optional[Tensor] = None
+    ) -> tuple:
+        """``y, h_n = gru(x, h0)`` as ``torch.nn.GRU``; ``x`` may be a ``PackedSequence`` (then
+        ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
+        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero."""
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            if lengths is not None:
+                raise ValueError("GRU: pass lengths= or a PackedSequence, not both")
+            sorted_indices, unsorted_indices = input.sorted_indices, input.unsorted_indices
+            batch_sizes = input.batch_sizes
+            input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
         x, hx, batched = self._check_input(input, hx)
+        T, B = x.shape[:2]
+        lengths = self._check_lengths(lengths, T, B, batched)
+        mask = None
+        if lengths is not None and int(lengths.min()) < T:
+            steps = torch.arange(T).unsqueeze(1)
+            mask = (steps < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
+        out, h_n = self._run(x, hx, mask, lengths)
+        if packed:
+            order = sorted_indices if sorted_indices is not None else torch.arange(B)
+            data = pack_padded_sequence(
+                out.index_select(1, order.to(out.device)), lengths[order], enforce_sorted=True
+            ).data
+            return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), h_n
+        if not batched:
+            return out.squeeze(1), h_n.squeeze(1)
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, h_n
+
+    def _run(self, x: Tensor, hx: Optional[Tensor], mask, lengths) -> tuple[Tensor, Tensor]:
         directions = 2 if self.bidirectional else 1
         T, B = x.shape[:2]
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
+        reverse = None  # per-sequence time reversal: t -> length - 1 - t inside each sequence
+        if directions == 2 and mask is not None:
+            t = torch.arange(T).unsqueeze(1)
+            reverse = torch.where(t < lengths, lengths - 1 - t, t).to(x.device)  # (T, B)
         record = RunStats()
         self.last_stats = record
         h_n = []
@@ -218,7 +271,7 @@ class GRU(nn.Module):
             outs = []
             for direction in range(directions):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
-                seq = layer_in.flip(0) if direction else layer_in
+                seq = _reverse(layer_in, reverse) if direction else layer_in
                 y, h_last = gru_layer(
                     seq,
                     hx[layer * directions + direction],
@@ -230,16 +283,21 @@ class GRU(nn.Module):
                     self.solver,
                     record,
                     (layer, bool(direction)),
+                    mask,
                 )
-                outs.append(y.flip(0) if direction else y)
+                outs.append(_reverse(y, reverse) if direction else y)
                 h_n.append(h_last)
             layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
+            if mask is not None:
+                layer_out = layer_out * mask.unsqueeze(-1)  # padded outputs are zero
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_out = F.dropout(layer_out, self.dropout, training=True)
             layer_in = layer_out
-        out, h_n = layer_in, torch.stack(h_n)
-        if not batched:
-            return out.squeeze(1), h_n.squeeze(1)
-        if self.batch_first:
-            out = out.transpose(0, 1)
-        return out, h_n
+        return layer_in, torch.stack(h_n)
+
+
+def _reverse(seq: Tensor, index: Optional[Tensor]) -> Tensor:
+    """Reverse time: the whole padded axis, or each sequence within its length (``index``)."""
+    if index is None:
+        return seq.flip(0)
+    return torch.gather(seq, 0, index.unsqueeze(-1).expand_as(seq))

@@ -36,7 +36,9 @@ class ForwardStep:
 
     def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None):
         self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
-        self.dt = None if dt is None else chunk_view(dt, grid)[..., None, None]
+        self.dt = None
+        if dt is not None:  # (M,) per step, or (M, B) per step and sequence: -> (m, n, ., 1)
+            self.dt = chunk_view(dt, grid).reshape(grid.m, grid.n, -1, 1)
         self.w_hh, self.b_hn, self.cell = w_hh, b_hn, cell
         # Level 0 carries no dt: its padding is the tail of the last chunk, kept as identity.
         self.tail = grid.N - (grid.n - 1) * grid.m if dt is None and grid.M > grid.N else None
@@ -88,20 +90,36 @@ def input_gates(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], out: Optional[T
     return out
 
 
-def build_hierarchy(gx_pad: Tensor, grids: list[Grid], options: MGRIT) -> Hierarchy:
-    """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T)."""
+def step_weights(grid: Grid, mask: Optional[Tensor], like: Tensor) -> Tensor:
+    """Fine step sizes padded to the grid: 1 per real step, or the per-sequence ``mask``
+    ``(T, B)`` (1 up to each sequence's length, then 0: identity steps)."""
+    real = like.new_ones(grid.N) if mask is None else mask
+    return pad_steps(real, grid)
+
+
+def column(dt: Tensor) -> Tensor:
+    """Step sizes ``(N,)`` or ``(N, B)`` as a ``(N, 1 or B, 1)`` factor on states."""
+    return dt.reshape(dt.shape[0], -1, 1)
+
+
+def build_hierarchy(gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tensor) -> Hierarchy:
+    """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T) and the fine
+    step sizes ``w0`` ``(M_0,)`` or ``(M_0, B)``. A coarse step's ``dt`` is the number of real
+    fine steps it spans (per sequence, with a mask)."""
     gates, dts = [None], [None]
-    g_fine, w_fine = gx_pad, pad_steps(gx_pad.new_ones(grids[0].N), grids[0])
+    g_fine, w_fine = gx_pad, w0
     for fine, coarse in zip(grids[:-1], grids[1:]):
         g = g_fine.view(fine.n, fine.m, *gx_pad.shape[1:])
-        w = w_fine.view(fine.n, fine.m)
+        w = w_fine.view(fine.n, fine.m, *w_fine.shape[1:])
         dt = w.sum(1)
-        if options.coarse_gates == "average":  # dt-weighted mean over the real fine steps
-            flat = g.reshape(fine.n, fine.m, -1)
-            avg = torch.bmm(w.unsqueeze(1), flat).squeeze(1) / dt.unsqueeze(1)
-            gates.append(avg.view(fine.n, *gx_pad.shape[1:]))
-        else:
+        if options.coarse_gates == "inject":  # a sequence's real steps are a prefix
             gates.append(g[:, 0].clone())
+        elif w.dim() == 2:  # dt-weighted mean over the real fine steps: one batched GEMM
+            avg = torch.bmm(w.unsqueeze(1), g.reshape(fine.n, fine.m, -1)).squeeze(1)
+            gates.append((avg / dt.unsqueeze(1)).view(fine.n, *gx_pad.shape[1:]))
+        else:  # per-sequence weights; an all-padding interval gets zero gates (dt = 0)
+            avg = torch.einsum("cjb,cjbk->cbk", w, g)
+            gates.append(avg / dt.clamp_min(1.0).unsqueeze(-1))
         dts.append(dt)
         g_fine, w_fine = pad_steps(gates[-1], coarse), pad_steps(dt, coarse)
     return Hierarchy(grids, gates, dts)
@@ -139,8 +157,10 @@ def forward_solve(
     cell: str,
     options: MGRIT,
     where=(0, False),
+    mask: Optional[Tensor] = None,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
-    """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``.
+    """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
+    each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
@@ -153,7 +173,8 @@ def forward_solve(
     gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
     input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[:T])
     gx[T:] = 0.0
-    hier = build_hierarchy(gx, grids, options)
+    w0 = step_weights(grids[0], mask, gx)
+    hier = build_hierarchy(gx, grids, options, w0)
     coarse_ops = [
         ForwardStep(
             g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
@@ -164,7 +185,8 @@ def forward_solve(
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]
-        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell)] + coarse_ops
+        dt = None if mask is None else w0[: fine.M]
+        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
         return solve(
             grids,
@@ -197,7 +219,7 @@ def time_blocks(T: int, B: int):
         yield k0, min(T, k0 + size)
 
 
-def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M):
+def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask=None):
     """Adjoint coefficients of every fine step, reversed in time and front-padded to ``M``
     steps with identity steps: step ``k`` lands at reversed index ``M - 1 - k``. The input
     gates are recomputed per block (one small GEMM) instead of being kept from the forward.
@@ -214,7 +236,8 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M):
     C_rev[: M - T] = 0.0
     for k0, k1 in time_blocks(T, B):
         gx = input_gates(x[k0:k1], w_ih, b_in)
-        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell)
+        dt = None if mask is None else column(mask[k0:k1])
+        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
         D_rev[M - k1 : M - k0] = lin.D.flip(0)
         C_rev[M - k1 : M - k0] = lin.C.flip(0)
         A_n[k0:k1] = lin.A_n
@@ -272,6 +295,7 @@ def adjoint_solve(
     d_out: Tensor,
     d_last: Tensor,
     where=(0, False),
+    mask: Optional[Tensor] = None,
 ) -> Adjoint:
     """Solve the adjoint of one layer.
 
@@ -282,7 +306,7 @@ def adjoint_solve(
     T, B = x.shape[:2]
     mgrit_grids = build_grids(T, options.cfactor, len(hier.grids), front=True)
     M = mgrit_grids[0].M
-    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M)
+    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask)
     g_rev, f_T = reversed_forcing(d_out, d_last, M)
     low, high = torch.aminmax(g_rev)
     scale = max(-low.item(), high.item(), f_T.abs().max().item())
@@ -296,7 +320,7 @@ def adjoint_solve(
             w_hh,
             b_hn,
             "implicit",
-            hier.dts[lvl][:, None, None],
+            column(hier.dts[lvl]),
         )
         grid = mgrit_grids[lvl]
         coarse_ops.append(
