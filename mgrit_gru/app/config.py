@@ -1,0 +1,154 @@
+"""The training configuration: one frozen dataclass; the CLI's flags are generated from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, Union
+
+from ..options import MGRIT
+
+
+def _choice(*values: str) -> Any:
+    return {"choices": values}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run depends on. Stored as config.json in the run folder and in
+    every checkpoint; a resumed run must match it."""
+
+    dataset: str = field(default="smnist", metadata={"help": "dataset name or npz:PATH"})
+    length: Optional[int] = field(default=None, metadata={"help": "T of the synthetic tasks"})
+    max_train: Optional[int] = field(default=None, metadata={"help": "use the first N train"})
+    max_test: Optional[int] = field(default=None, metadata={"help": "use the first N test"})
+    hidden: int = 64
+    layers: int = 1
+    bidirectional: bool = False
+    dropout: float = 0.0
+    cell: str = field(default="classic", metadata=_choice("classic", "implicit"))
+    solver: str = field(default="mgrit", metadata=_choice("mgrit", "serial", "torch"))
+    cfactor: int = 32
+    levels: Union[int, str] = field(default="auto", metadata={"help": "int or auto"})
+    relax: str = field(default="FCF", metadata=_choice("F", "FCF"))
+    tol: float = 1e-5
+    max_iters: int = 10
+    backward_tol: Optional[float] = None
+    backward_max_iters: Optional[int] = None
+    coarse_gates: str = field(default="average", metadata=_choice("average", "inject"))
+    optimizer: str = field(default="adam", metadata=_choice("adam", "sgd", "rmsprop"))
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: off)"})
+    epochs: int = 8
+    batch_size: int = 64
+    seed: int = 0
+    device: str = "cpu"
+    threads: Optional[int] = field(default=2, metadata={"help": "torch threads (none: default)"})
+
+    def __post_init__(self) -> None:
+        positive = ["hidden", "layers", "cfactor", "epochs", "batch_size"]
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
+        for name in ("length", "max_train", "max_test", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
+        for name in ("lr", "weight_decay", "clip", "dropout", "tol"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value!r}")
+        if self.lr == 0:
+            raise ValueError("--lr must be > 0")
+        if self.dropout >= 1:
+            raise ValueError(f"--dropout must be < 1, got {self.dropout}")
+        for f in fields(self):
+            legal = f.metadata.get("choices")
+            if legal and getattr(self, f.name) not in legal:
+                raise ValueError(
+                    f"--{_flag(f.name)}: invalid value {getattr(self, f.name)!r}; choose one of "
+                    f"{', '.join(legal)}"
+                )
+        self.solver_options()  # MGRIT validates its own fields
+
+    def solver_options(self) -> Union[MGRIT, str]:
+        if self.solver == "serial":
+            return "serial"
+        return MGRIT(
+            cfactor=self.cfactor,
+            levels=self.levels,
+            relax=self.relax,
+            tol=self.tol,
+            max_iters=self.max_iters,
+            backward_tol=self.backward_tol,
+            backward_max_iters=self.backward_max_iters,
+            coarse_gates=self.coarse_gates,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() == "none" else kind(text)
+
+    return parse
+
+
+def _parse_levels(text: str) -> Union[int, str]:
+    return "auto" if text == "auto" else int(text)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per TrainConfig field. Flags not given stay absent from the namespace, so
+    the caller can tell which were given (for --resume)."""
+    for f in fields(TrainConfig):
+        flag = "--" + _flag(f.name)
+        default = f.default
+        helptext = f.metadata.get("help", "")
+        helptext = f"{helptext} (default: {default})".strip()
+        if f.type in ("bool", bool):
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=helptext,
+            )
+            continue
+        kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": helptext}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        kind = {"int": int, "float": float, "str": str}
+        if f.name == "levels":
+            kwargs["type"] = _parse_levels
+        elif str(f.type).startswith("Optional["):
+            inner = str(f.type)[len("Optional[") : -1]
+            kwargs["type"] = _parse_optional(kind[inner])
+        else:
+            kwargs["type"] = kind[str(f.type)]
+        parser.add_argument(flag, **kwargs)
+
+
+def given_overrides(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields set on the command line."""
+    return {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}

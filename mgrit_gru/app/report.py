@@ -1,0 +1,192 @@
+"""Run reports: PNG plots and a report.md beside them (opened by nothing)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from .config import TrainConfig
+
+COLORS = {"mgrit": "tab:blue", "serial": "tab:orange", "torch": "tab:green"}
+
+
+def _figure(title: str, xlabel: str, ylabel: str, log: bool = False):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path)
+    return path.name
+
+
+def _curves(path: Path, title: str, ylabel: str, series: dict[str, dict[str, list]]) -> str:
+    """``series``: label -> {"x": [...], "y": [...], "style": "-", "color": ...}."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = _figure(title, "epoch", ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for label, s in series.items():
+        ax.plot(
+            s["x"], s["y"], s.get("style", "-"), marker="o", ms=3, color=s.get("color"), label=label
+        )
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_residuals(path: Path, history: list[dict]) -> str | None:
+    rows = [r for r in history if r.get("fwd_residuals_last_batch")]
+    if not rows:
+        return None
+    fig, ax = _figure(
+        "MGRIT residual per iteration (last batch of each epoch)",
+        "relaxation / V-cycle",
+        "max C-point residual",
+        log=True,
+    )
+    from matplotlib import colormaps
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    cmap = colormaps["viridis"]
+    for i, r in enumerate(rows):
+        shade = cmap(0.85 * i / max(1, len(rows) - 1))
+        for key, style, name in (
+            ("fwd_residuals_last_batch", "-", "fwd"),
+            ("bwd_residuals_last_batch", "--", "bwd"),
+        ):
+            values = [max(v, 1e-17) for v in r.get(key, [])]
+            if values:
+                label = f"{name} epoch {r['epoch']}" if i in (0, len(rows) - 1) else None
+                ax.plot(range(len(values)), values, style, marker=".", color=shade, label=label)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _fmt(value, digits=4):
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: str) -> Path:
+    epochs = [r["epoch"] for r in history]
+    plots = {
+        "loss": _curves(
+            run / "loss.png",
+            "loss",
+            "cross-entropy",
+            {
+                "train": {"x": epochs, "y": [r["train_loss"] for r in history]},
+                "test": {"x": epochs, "y": [r["test_loss"] for r in history], "style": "--"},
+            },
+        ),
+        "accuracy": _curves(
+            run / "accuracy.png",
+            "accuracy",
+            "accuracy",
+            {
+                "train": {"x": epochs, "y": [r["train_acc"] for r in history]},
+                "test": {"x": epochs, "y": [r["test_acc"] for r in history], "style": "--"},
+            },
+        ),
+    }
+    residuals = plot_residuals(run / "residuals.png", history)
+    last = history[-1]
+    lines = [
+        f"# Training run: {cfg.dataset}, solver {cfg.solver}",
+        "",
+        dataset,
+        "",
+        f"Final (epoch {last['epoch']}): test accuracy **{last['test_acc']:.4f}**, test loss "
+        f"{last['test_loss']:.4f}, train accuracy {last['train_acc']:.4f}; "
+        f"{statistics.mean(r['train_time_s'] for r in history):.1f} s per training epoch.",
+        "",
+        "| epoch | train loss | train acc | test loss | test acc | train s | seq/s | fwd it | "
+        "bwd it | fwd res max | bwd res max | fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in history:
+        lines.append(
+            f"| {r['epoch']} | {r['train_loss']:.4f} | {r['train_acc']:.4f} | "
+            f"{r['test_loss']:.4f} | {r['test_acc']:.4f} | {r['train_time_s']:.1f} | "
+            f"{r['seq_per_s']:.0f} | {r['fwd_iters_mean']:.2f} | {r['bwd_iters_mean']:.2f} | "
+            f"{r['fwd_residual_max']:.1e} | {r['bwd_residual_max']:.1e} | {r['fallbacks']} |"
+        )
+    lines += ["", f"![loss]({plots['loss']})", "", f"![accuracy]({plots['accuracy']})", ""]
+    if residuals:
+        lines += [f"![residuals]({residuals})", ""]
+    lines += ["## Config", "", "| option | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in cfg.to_dict().items()]
+    path = run / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_compare_report(
+    out: Path, runs: dict[str, tuple[TrainConfig, list[dict]]], dataset: str
+) -> Path:
+    """One report for runs that differ only in the solver: curves on the same axes."""
+
+    def series(key):
+        return {
+            solver: {
+                "x": [r["epoch"] for r in h],
+                "y": [r[key] for r in h],
+                "color": COLORS.get(solver),
+            }
+            for solver, (_, h) in runs.items()
+        }
+
+    plots = [
+        _curves(out / "compare_test_accuracy.png", "test accuracy", "accuracy", series("test_acc")),
+        _curves(
+            out / "compare_train_loss.png", "training loss", "cross-entropy", series("train_loss")
+        ),
+    ]
+    times = {s: statistics.mean(r["train_time_s"] for r in h) for s, (_, h) in runs.items()}
+    base = times.get("serial")
+    cfg = next(iter(runs.values()))[0]
+    lines = [
+        f"# Solver comparison on {cfg.dataset}",
+        "",
+        dataset,
+        "",
+        "Same model, initial weights, data order and seed; only the GRU solver differs.",
+        "",
+        "| solver | final test acc | best test acc | final train loss | s / epoch (train) | "
+        "speed-up vs serial | mean fwd it | mean bwd it | fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for solver, (_, h) in runs.items():
+        speed = f"{base / times[solver]:.2f}x" if base else "-"
+        lines.append(
+            f"| {solver} | {h[-1]['test_acc']:.4f} | {max(r['test_acc'] for r in h):.4f} | "
+            f"{h[-1]['train_loss']:.4f} | {times[solver]:.1f} | {speed} | "
+            f"{statistics.mean(r['fwd_iters_mean'] for r in h):.2f} | "
+            f"{statistics.mean(r['bwd_iters_mean'] for r in h):.2f} | "
+            f"{sum(r['fallbacks'] for r in h)} |"
+        )
+    if "mgrit" in runs and "serial" in runs:
+        gap = runs["mgrit"][1][-1]["test_acc"] - runs["serial"][1][-1]["test_acc"]
+        lines += [
+            "",
+            f"Final test accuracy, MGRIT minus serial: {100 * gap:+.2f} percentage points.",
+        ]
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    lines += ["", "Per-solver runs: " + ", ".join(f"[{s}]({s}/report.md)" for s in runs), ""]
+    lines += ["## Config (solver aside)", "", "| option | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in cfg.to_dict().items() if k != "solver"]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

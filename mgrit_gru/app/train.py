@@ -1,0 +1,417 @@
+"""Training GRU sequence classifiers: the loop, metrics, atomic checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from ..module import GRU
+from .config import TrainConfig
+from .datasets import Dataset, load
+
+CHECKPOINT = "checkpoint.pt"
+FORMAT = "mgrit-gru-checkpoint-1"
+
+
+class RunError(ValueError):
+    """A run that cannot start or continue: bad run folder, checkpoint or option."""
+
+
+class Classifier(nn.Module):
+    """GRU layers, then a linear head on the last layer's final state (both directions)."""
+
+    def __init__(self, cfg: TrainConfig, features: int, classes: int) -> None:
+        super().__init__()
+        self.solver = cfg.solver
+        rnn = GRU(
+            features,
+            cfg.hidden,
+            cfg.layers,
+            batch_first=True,
+            dropout=cfg.dropout,
+            bidirectional=cfg.bidirectional,
+            solver=cfg.solver_options(),
+            cell=cfg.cell,
+        )
+        if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
+            if cfg.cell != "classic":
+                raise RunError("--solver torch supports only --cell classic")
+            with torch.random.fork_rng(devices=[]):  # leave the head's init unchanged
+                torch_rnn = nn.GRU(
+                    features,
+                    cfg.hidden,
+                    cfg.layers,
+                    batch_first=True,
+                    dropout=cfg.dropout,
+                    bidirectional=cfg.bidirectional,
+                )
+            torch_rnn.load_state_dict(rnn.state_dict())
+            rnn = torch_rnn
+        self.rnn = rnn
+        self.directions = 2 if cfg.bidirectional else 1
+        self.head = nn.Linear(cfg.hidden * self.directions, classes)
+
+    def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+        if lengths is None:
+            _, h_n = self.rnn(x)
+        elif isinstance(self.rnn, GRU):
+            _, h_n = self.rnn(x, lengths=lengths)
+        else:
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            _, h_n = self.rnn(packed)
+        last = h_n[-self.directions :]  # (D, B, H) of the last layer
+        return self.head(last.transpose(0, 1).reshape(x.shape[0], -1))
+
+
+def _subset(data: Dataset, cfg: TrainConfig) -> Dataset:
+    if cfg.max_train:
+        data.x_train, data.y_train = data.x_train[: cfg.max_train], data.y_train[: cfg.max_train]
+        if data.len_train is not None:
+            data.len_train = data.len_train[: cfg.max_train]
+    if cfg.max_test:
+        data.x_test, data.y_test = data.x_test[: cfg.max_test], data.y_test[: cfg.max_test]
+        if data.len_test is not None:
+            data.len_test = data.len_test[: cfg.max_test]
+    if cfg.batch_size > len(data.y_train):
+        raise RunError(
+            f"--batch-size {cfg.batch_size} is larger than the training set "
+            f"({len(data.y_train)} sequences)"
+        )
+    return data
+
+
+def load_data(cfg: TrainConfig) -> Dataset:
+    return _subset(load(cfg.dataset, seed=cfg.seed, length=cfg.length), cfg)
+
+
+def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
+    kinds = {"adam": torch.optim.Adam, "rmsprop": torch.optim.RMSprop}
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    return kinds[cfg.optimizer](params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError as exc:
+        raise RunError(f"--device {cfg.device!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RunError("--device cuda: no CUDA device is available here")
+    return device
+
+
+@dataclass
+class EpochStats:
+    """Solver statistics accumulated over the batches of an epoch."""
+
+    fwd_iters: float = 0.0
+    bwd_iters: float = 0.0
+    fwd_iters_max: int = 0
+    bwd_iters_max: int = 0
+    fwd_res_max: float = 0.0
+    bwd_res_max: float = 0.0
+    fallbacks: int = 0
+    batches: int = 0
+    last_fwd_residuals: tuple = ()
+    last_bwd_residuals: tuple = ()
+
+    def add(self, stats) -> None:
+        if stats is None:
+            return
+        self.batches += 1
+        self.fwd_iters += stats.forward_iterations
+        self.bwd_iters += stats.backward_iterations
+        self.fwd_iters_max = max(self.fwd_iters_max, stats.forward_iterations)
+        self.bwd_iters_max = max(self.bwd_iters_max, stats.backward_iterations)
+        self.fwd_res_max = max(self.fwd_res_max, stats.forward_residual)
+        self.bwd_res_max = max(self.bwd_res_max, stats.backward_residual)
+        self.fallbacks += int(stats.fell_back)
+        if stats.forward:
+            self.last_fwd_residuals = stats.forward[-1].residuals
+        if stats.backward:
+            self.last_bwd_residuals = stats.backward[-1].residuals
+
+    def as_dict(self) -> dict:
+        n = max(self.batches, 1)
+        return {
+            "fwd_iters_mean": self.fwd_iters / n,
+            "fwd_iters_max": self.fwd_iters_max,
+            "bwd_iters_mean": self.bwd_iters / n,
+            "bwd_iters_max": self.bwd_iters_max,
+            "fwd_residual_max": self.fwd_res_max,
+            "bwd_residual_max": self.bwd_res_max,
+            "fallbacks": self.fallbacks,
+            "fwd_residuals_last_batch": list(self.last_fwd_residuals),
+            "bwd_residuals_last_batch": list(self.last_bwd_residuals),
+        }
+
+
+def _batches(n: int, size: int, order: Optional[Tensor] = None):
+    idx = torch.arange(n) if order is None else order
+    for start in range(0, n, size):
+        yield idx[start : start + size]
+
+
+def _lengths(lengths: Optional[Tensor], rows: Tensor, device) -> Optional[Tensor]:
+    return None if lengths is None else lengths[rows].to(device)
+
+
+@torch.no_grad()
+def evaluate(model: Classifier, x, y, lengths, batch_size: int, device) -> tuple[float, float]:
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for rows in _batches(len(y), batch_size):
+        logits = model(x[rows].to(device), _lengths(lengths, rows, device))
+        target = y[rows].to(device)
+        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
+        correct += int((logits.argmax(1) == target).sum())
+    return total_loss / len(y), correct / len(y)
+
+
+# -- run folder -----------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, write: Callable) -> None:
+    """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the
+    old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, data) -> None:
+    atomic_write_bytes(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
+
+
+def write_metrics(path: Path, rows: list[dict]) -> None:
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    atomic_write_bytes(path, lambda f: f.write(text.encode()))
+
+
+def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history) -> None:
+    state = {
+        "format": FORMAT,
+        "config": cfg.to_dict(),
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "history": history,
+    }
+    atomic_write_bytes(run / CHECKPOINT, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(run: Path) -> dict:
+    path = run / CHECKPOINT
+    if not path.is_file():
+        raise RunError(f"no checkpoint in {run} (expected {path})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise RunError(f"corrupted checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise RunError(f"{path} is not a {FORMAT} file")
+    missing = {"config", "epoch", "model", "optimizer", "rng", "history"} - set(state)
+    if missing:
+        raise RunError(f"corrupted checkpoint {path}: missing {sorted(missing)}")
+    return state
+
+
+def read_config(run: Path) -> TrainConfig:
+    path = run / "config.json"
+    if not path.is_file():
+        raise RunError(f"{run} is not a run folder (no config.json)")
+    try:
+        return TrainConfig.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ValueError, TypeError) as exc:
+        raise RunError(f"{path}: unreadable config ({exc})") from exc
+
+
+def resume_config(run: Path, overrides: dict) -> TrainConfig:
+    """The stored config of ``run``; only --epochs may change (to train longer)."""
+    cfg = read_config(run)
+    clash = {k: v for k, v in overrides.items() if k != "epochs" and getattr(cfg, k) != v}
+    if clash:
+        listed = ", ".join(
+            f"--{k.replace('_', '-')} {v} (run has {getattr(cfg, k)})" for k, v in clash.items()
+        )
+        raise RunError(f"--resume {run}: options differ from the run's config: {listed}")
+    return cfg.replace(**{k: v for k, v in overrides.items() if k == "epochs"})
+
+
+def default_run_dir(cfg: TrainConfig) -> Path:
+    name = cfg.dataset.replace("npz:", "npz-").replace("/", "_")
+    return Path("runs") / f"{name}-{cfg.solver}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+def train(
+    cfg: TrainConfig, run: Path, *, resume: bool = False, log=print, progress: bool = True
+) -> list[dict]:
+    """Train (or continue) the run in folder ``run``; returns the per-epoch metrics."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = _device(cfg)
+    state = None
+    if resume:
+        state = load_checkpoint(run)
+        if state["config"] != {**cfg.to_dict(), "epochs": state["config"]["epochs"]}:
+            raise RunError(f"checkpoint in {run} was written by another config than config.json")
+    else:
+        if (run / CHECKPOINT).exists():
+            raise RunError(f"{run} already holds a run; use --resume {run} or another --out")
+        run.mkdir(parents=True, exist_ok=True)
+    data = load_data(cfg)
+    log(data.describe())
+    torch.manual_seed(cfg.seed)
+    model = Classifier(cfg, data.features, data.num_classes).to(device)
+    optimizer = make_optimizer(cfg, model.parameters())
+    history: list[dict] = []
+    start = 0
+    if state is not None:
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise RunError(f"checkpoint in {run} does not fit the model: {exc}") from exc
+        torch.set_rng_state(state["rng"])
+        history, start = list(state["history"]), int(state["epoch"])
+        write_metrics(run / "metrics.jsonl", history)  # drop rows past the checkpoint
+        if start >= cfg.epochs:
+            log(f"{run}: already trained for {start} epochs")
+    write_json(run / "config.json", cfg.to_dict())
+    for epoch in range(start, cfg.epochs):
+        row = _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log)
+        history.append(row)
+        save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
+        write_metrics(run / "metrics.jsonl", history)
+    return history
+
+
+def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> dict:
+    from tqdm import tqdm
+
+    model.train()
+    order = torch.randperm(
+        len(data.y_train), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
+    )
+    solver = EpochStats()
+    total_loss, correct, seen = 0.0, 0, 0
+    start = time.perf_counter()
+    batches = list(_batches(len(order), cfg.batch_size, order))
+    bar = tqdm(
+        batches,
+        desc=f"epoch {epoch + 1}/{cfg.epochs}",
+        disable=not progress,
+        leave=True,
+        mininterval=1.0,
+        dynamic_ncols=True,
+    )
+    for rows in bar:
+        x = data.x_train[rows].to(device)
+        target = data.y_train[rows].to(device)
+        logits = model(x, _lengths(data.len_train, rows, device))
+        loss = F.cross_entropy(logits, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        optimizer.step()
+        if not math.isfinite(loss.item()):
+            raise RunError(f"epoch {epoch + 1}: the loss became {loss.item()}; lower --lr")
+        solver.add(getattr(model.rnn, "last_stats", None))
+        total_loss += loss.item() * len(rows)
+        correct += int((logits.argmax(1) == target).sum())
+        seen += len(rows)
+        elapsed = time.perf_counter() - start
+        postfix = {
+            "loss": f"{total_loss / seen:.3f}",
+            "acc": f"{correct / seen:.3f}",
+            "seq/s": f"{seen / elapsed:.0f}",
+        }
+        if solver.batches:
+            stats = model.rnn.last_stats
+            postfix["fwd"] = f"{stats.forward_iterations}it {stats.forward_residual:.0e}"
+            postfix["bwd"] = f"{stats.backward_iterations}it {stats.backward_residual:.0e}"
+        bar.set_postfix(postfix, refresh=False)
+    bar.close()
+    train_time = time.perf_counter() - start
+    eval_start = time.perf_counter()
+    test_loss, test_acc = evaluate(
+        model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device
+    )
+    row = {
+        "epoch": epoch + 1,
+        "train_loss": total_loss / seen,
+        "train_acc": correct / seen,
+        "test_loss": test_loss,
+        "test_acc": test_acc,
+        "train_time_s": train_time,
+        "eval_time_s": time.perf_counter() - eval_start,
+        "seq_per_s": seen / train_time,
+        **solver.as_dict(),
+    }
+    log(
+        f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f} | "
+        f"test loss {test_loss:.4f} acc {test_acc:.3f} | {train_time:.1f} s"
+        + (
+            f" | fwd it {row['fwd_iters_mean']:.1f} bwd it {row['bwd_iters_mean']:.1f}"
+            if solver.batches
+            else ""
+        )
+    )
+    return row
+
+
+def evaluate_run(run: Path, dataset: Optional[str] = None, log=print) -> dict:
+    """Evaluate the saved model of ``run`` on a dataset's test split."""
+    cfg = read_config(run)
+    state = load_checkpoint(run)
+    if dataset:
+        cfg = cfg.replace(dataset=dataset, max_train=None, max_test=None)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = _device(cfg)
+    data = load(cfg.dataset, seed=cfg.seed, length=cfg.length)
+    if cfg.max_test:
+        data = _subset(data, cfg.replace(max_train=None, batch_size=1))
+    model = Classifier(cfg, data.features, data.num_classes).to(device)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise RunError(f"the model of {run} does not fit dataset {cfg.dataset}: {exc}") from exc
+    start = time.perf_counter()
+    loss, acc = evaluate(model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device)
+    result = {
+        "run": str(run),
+        "dataset": cfg.dataset,
+        "epoch": state["epoch"],
+        "test_loss": loss,
+        "test_acc": acc,
+        "time_s": time.perf_counter() - start,
+    }
+    log(f"{run} (epoch {state['epoch']}) on {cfg.dataset} test: loss {loss:.4f} acc {acc:.3f}")
+    return result

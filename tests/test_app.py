@@ -1,0 +1,279 @@
+"""The training application on small data: datasets, npz validation, train/resume/eval, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mgrit_gru.app import datasets
+from mgrit_gru.app.config import TrainConfig
+from mgrit_gru.app.train import RunError, evaluate_run, load_checkpoint, train
+from mgrit_gru.cli import main
+
+SMALL = dict(
+    dataset="adding",
+    length=40,
+    max_train=48,
+    max_test=24,
+    hidden=8,
+    batch_size=16,
+    epochs=2,
+    cfactor=4,
+    threads=1,
+    dropout=0.0,
+)
+
+
+@pytest.fixture(autouse=True)
+def _float32():
+    torch.set_default_dtype(torch.float32)  # the app trains in float32
+
+
+@pytest.mark.parametrize(
+    "name,shape,classes,unequal",
+    [
+        ("smnist", (4000, 784, 1), 10, False),
+        ("psmnist", (4000, 784, 1), 10, False),
+        ("acsf1", (100, 1460, 1), 10, False),
+        ("osuleaf", (200, 427, 1), 6, False),
+        ("plaid", (537, 1344, 1), 11, True),
+        ("adding", (2000, 1000, 2), 10, False),
+        ("recall", (2000, 1000, 9), 8, False),
+    ],
+)
+def test_builtin_datasets(name, shape, classes, unequal):
+    try:
+        data = datasets.load(name)
+    except datasets.DatasetError as exc:
+        if "pip install" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    assert tuple(data.x_train.shape) == shape and data.x_train.dtype == torch.float32
+    assert data.y_train.dtype == torch.long and len(data.y_train) == shape[0]
+    assert data.x_test.shape[1:] == data.x_train.shape[1:]
+    for y in (data.y_train, data.y_test):
+        assert 0 <= int(y.min()) and int(y.max()) < classes
+    assert data.num_classes == classes
+    assert (data.len_train is not None) == unequal
+    assert torch.isfinite(data.x_train).all()
+    if not unequal:  # standardised on the training split
+        assert abs(float(data.x_train.mean())) < 1e-3
+        assert abs(float(data.x_train.std()) - 1) < 1e-2
+    else:
+        assert int(data.len_train.min()) >= 1 and int(data.len_train.max()) == shape[1]
+        n = int(data.len_train[0])
+        assert torch.all(data.x_train[0, n:] == 0)
+
+
+def test_fixed_splits_and_permutation():
+    a, b = datasets.load("smnist"), datasets.load("psmnist")
+    assert torch.equal(a.y_train, b.y_train)
+    assert not torch.equal(a.x_train, b.x_train)
+    assert torch.allclose(a.x_train.sum(1), b.x_train.sum(1), atol=1e-2)  # same pixels, moved
+    assert torch.equal(datasets.load("psmnist").x_train, b.x_train)
+
+
+def test_synthetic_tasks_any_length_and_seeded():
+    a = datasets.load("recall", length=50, seed=3)
+    assert a.seq_len == 50 and torch.equal(
+        a.x_train, datasets.load("recall", length=50, seed=3).x_train
+    )
+    assert not torch.equal(a.x_train, datasets.load("recall", length=50, seed=4).x_train)
+
+
+def _npz(tmp_path, **arrays):
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    return f"npz:{path}"
+
+
+def test_npz_dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    name = _npz(
+        tmp_path,
+        x_train=rng.normal(size=(20, 30)),
+        y_train=rng.integers(0, 3, 20),
+        x_test=rng.normal(size=(10, 30)),
+        y_test=rng.integers(0, 3, 10),
+    )
+    data = datasets.load(name)
+    assert tuple(data.x_train.shape) == (20, 30, 1) and data.num_classes >= 2
+
+
+@pytest.mark.parametrize(
+    "arrays,match",
+    [
+        (
+            dict(x_train=np.zeros((4, 5)), y_train=np.zeros(4, int), x_test=np.zeros((2, 5))),
+            r"missing key\(s\) \['y_test'\]",
+        ),
+        (
+            dict(
+                x_train=np.array([np.zeros(3), np.zeros(4)], dtype=object),
+                y_train=np.zeros(2, int),
+                x_test=np.zeros((2, 3)),
+                y_test=np.zeros(2, int),
+            ),
+            r"x_train is ragged or not numeric",
+        ),
+        (
+            dict(
+                x_train=np.full((4, 5), np.nan),
+                y_train=np.zeros(4, int),
+                x_test=np.zeros((2, 5)),
+                y_test=np.zeros(2, int),
+            ),
+            r"x_train contains NaN",
+        ),
+        (
+            dict(
+                x_train=np.zeros((4, 5)),
+                y_train=np.array([0, 1, -1, 0]),
+                x_test=np.zeros((2, 5)),
+                y_test=np.zeros(2, int),
+            ),
+            r"labels must be >= 0",
+        ),
+        (
+            dict(
+                x_train=np.zeros((4, 5)),
+                y_train=np.zeros(3, int),
+                x_test=np.zeros((2, 5)),
+                y_test=np.zeros(2, int),
+            ),
+            r"x_train has 4 sequences but y_train 3 labels",
+        ),
+        (
+            dict(
+                x_train=np.zeros((4, 5)),
+                y_train=np.zeros(4) + 0.5,
+                x_test=np.zeros((2, 5)),
+                y_test=np.zeros(2, int),
+            ),
+            r"y_train must be a 1-D integer array",
+        ),
+    ],
+)
+def test_npz_validation(tmp_path, arrays, match):
+    name = _npz(tmp_path, **arrays) if "ragged" not in match else None
+    if name is None:
+        path = tmp_path / "data.npz"
+        np.savez(path, allow_pickle=True, **arrays)
+        name = f"npz:{path}"
+    with pytest.raises(datasets.DatasetError, match=match):
+        datasets.load(name)
+
+
+def test_npz_missing_file_and_unknown_name(tmp_path):
+    with pytest.raises(datasets.DatasetError, match="no such file"):
+        datasets.load(f"npz:{tmp_path / 'nope.npz'}")
+    with pytest.raises(datasets.DatasetError, match="unknown dataset 'mnist'; choose one of"):
+        datasets.load("mnist")
+
+
+def test_missing_package_names_the_install():
+    with pytest.raises(datasets.DatasetError, match="pip install --no-deps no_such_pkg"):
+        datasets.package_file("no_such_pkg", "x.csv")
+
+
+def test_train_writes_metrics_checkpoint_report(tmp_path):
+    cfg = TrainConfig(**SMALL)
+    run = tmp_path / "run"
+    assert main(["train", *_flags(SMALL), "--out", str(run), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for key in ("train_loss", "test_acc", "train_time_s", "fwd_iters_mean", "bwd_residual_max"):
+        assert key in rows[0]
+    assert json.loads((run / "config.json").read_text()) == cfg.to_dict()
+    state = load_checkpoint(run)
+    assert state["epoch"] == 2 and state["config"] == cfg.to_dict()
+    report = (run / "report.md").read_text()
+    for png in ("loss.png", "accuracy.png", "residuals.png"):
+        assert (run / png).stat().st_size > 1000 and f"({png})" in report
+    assert not list(run.glob("*.tmp"))
+
+
+def _flags(cfg: dict) -> list[str]:
+    out = []
+    for k, v in cfg.items():
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    cfg = TrainConfig(**{**SMALL, "epochs": 3, "dropout": 0.0, "layers": 2})
+    straight = train(cfg, tmp_path / "a", progress=False, log=lambda *a: None)
+    train(cfg.replace(epochs=1), tmp_path / "b", progress=False, log=lambda *a: None)
+    # continue: only --epochs may change
+    assert main(["train", "--resume", str(tmp_path / "b"), "--epochs", "3", "--no-progress"]) == 0
+    resumed = [
+        json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    keys = ("train_loss", "train_acc", "test_loss", "test_acc")
+    assert [[r[k] for k in keys] for r in straight] == [[r[k] for k in keys] for r in resumed]
+
+
+def test_resume_refuses_corrupted_or_mismatched(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=lambda *a: None)
+    assert main(["train", "--resume", str(run), "--hidden", "16"]) == 2
+    assert (
+        "options differ from the run's config: --hidden 16 (run has 8)" in capsys.readouterr().err
+    )
+    ckpt = run / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:200])
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 2
+    assert "corrupted checkpoint" in capsys.readouterr().err
+    with pytest.raises(RunError, match="already holds a run"):
+        train(TrainConfig(**SMALL), run, progress=False)
+    with pytest.raises(RunError, match="no checkpoint"):
+        train(TrainConfig(**SMALL), tmp_path / "empty", resume=True, progress=False)
+
+
+def test_eval_and_compare(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert (
+        main(["compare", *_flags(SMALL), "--out", str(out), "--with-torch", "--no-progress"]) == 0
+    )
+    report = (out / "report.md").read_text()
+    for solver in ("serial", "mgrit", "torch"):
+        assert f"| {solver} |" in report and (out / solver / "checkpoint.pt").exists()
+    assert "percentage points" in report and (out / "compare_test_accuracy.png").exists()
+    # same init and data order: serial and MGRIT agree closely after 2 epochs
+    rows = {
+        s: json.loads((out / s / "metrics.jsonl").read_text().splitlines()[-1])
+        for s in ("serial", "mgrit", "torch")
+    }
+    assert abs(rows["serial"]["train_loss"] - rows["mgrit"]["train_loss"]) < 1e-3
+    assert abs(rows["serial"]["train_loss"] - rows["torch"]["train_loss"]) < 1e-3
+    capsys.readouterr()
+    assert main(["eval", str(out / "mgrit")]) == 0
+    assert "test: loss" in capsys.readouterr().out
+    result = evaluate_run(out / "serial", log=lambda *a: None)
+    assert result["test_acc"] == pytest.approx(rows["serial"]["test_acc"])
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--dataset", "nope"], "unknown dataset 'nope'"),
+        (["train", "--dataset", "npz:/no/such.npz"], "no such file"),
+        (["train", *_flags({**SMALL, "batch_size": 1000})], "--batch-size 1000 is larger than"),
+        (["train", "--hidden", "0"], "--hidden must be a positive integer"),
+        (["train", "--cfactor", "1"], "invalid cfactor=1"),
+        (["eval", "/no/such/run"], "is not a run folder"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path / "r")] if argv[0] == "train" else argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_unknown_option_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--hiden", "3"])
+    assert exc.value.code == 2
