@@ -39,11 +39,11 @@ class TrainConfig:
     backward_max_iters: Optional[int] = None
     coarse_gates: str = field(default="average", metadata=_choice("average", "inject"))
     optimizer: str = field(default="adam", metadata=_choice("adam", "sgd", "rmsprop"))
-    lr: float = 2e-3
+    lr: float = 5e-3
     weight_decay: float = 0.0
     clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: off)"})
-    epochs: int = 8
-    batch_size: int = 64
+    epochs: int = 10
+    batch_size: int = 32
     seed: int = 0
     device: str = "cpu"
     threads: Optional[int] = field(default=2, metadata={"help": "torch threads (none: default)"})
