@@ -140,11 +140,24 @@ def _stats(pass_, where, grids, result: SolveResult, fell_back) -> SolveStats:
     )
 
 
+class DivergenceWarning(UserWarning):
+    """An MGRIT solve diverged and its call fell back to the serial solve."""
+
+
 def _diverged(pass_: str, options: MGRIT, result: SolveResult) -> None:
-    message = f"MGRIT {pass_} solve diverged (residuals {[f'{r:.2e}' for r in result.residuals]})"
     if options.on_divergence == "raise":
-        raise DivergenceError(message + "; use a smaller cfactor, more levels or relax='FCF'")
-    warnings.warn(message + "; falling back to the exact serial solve for this call", stacklevel=4)
+        history = [f"{r:.2e}" for r in result.residuals]
+        raise DivergenceError(
+            f"MGRIT {pass_} solve diverged (residuals {history}); use a smaller cfactor, "
+            "relax='FCF', or on_divergence='fallback'"
+        )
+    # A constant text, so that Python's default filter shows it once, not on every batch.
+    warnings.warn(
+        f"MGRIT {pass_} solve diverged; falling back to the exact serial solve for such calls "
+        "(residual histories and fell_back flags are in GRU.last_stats)",
+        DivergenceWarning,
+        stacklevel=4,
+    )
 
 
 def forward_solve(
