@@ -54,6 +54,15 @@ def _eval(args: argparse.Namespace) -> None:
     train.evaluate_run(Path(args.run), args.dataset)
 
 
+def _training_parser(sub, name: str, helptext: str, out_help: str, func):
+    p = sub.add_parser(name, help=helptext)
+    add_config_arguments(p)
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mgrit-gru", description="GRU training parallel in time with MGRIT"
@@ -63,19 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)
 
-    p = sub.add_parser("train", help="train a GRU sequence classifier (default: smnist, MGRIT)")
-    add_config_arguments(p)
-    p.add_argument("--out", help="run folder (default: runs/DATASET-SOLVER-TIME)")
+    p = _training_parser(
+        sub,
+        "train",
+        "train a GRU sequence classifier (default: smnist, MGRIT)",
+        "run folder (default: runs/DATASET-SOLVER-TIME)",
+        _train,
+    )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_train)
-
-    p = sub.add_parser("compare", help="the same training with serial and MGRIT, one report")
-    add_config_arguments(p)
-    p.add_argument("--out", help="folder for the runs and the report")
+    p = _training_parser(
+        sub,
+        "compare",
+        "the same training with serial and MGRIT, one report",
+        "folder for the runs and the report",
+        _compare,
+    )
     p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_compare)
 
     p = sub.add_parser("eval", help="evaluate a run's saved model on a test split")
     p.add_argument("run", help="run folder")

@@ -82,24 +82,19 @@ def _fmt(value, digits=4):
 def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: str) -> Path:
     epochs = [r["epoch"] for r in history]
     plots = {
-        "loss": _curves(
-            run / "loss.png",
-            "loss",
-            "cross-entropy",
+        name: _curves(
+            run / f"{name}.png",
+            name,
+            ylabel,
             {
-                "train": {"x": epochs, "y": [r["train_loss"] for r in history]},
-                "test": {"x": epochs, "y": [r["test_loss"] for r in history], "style": "--"},
+                "train": {"x": epochs, "y": [r[f"train_{key}"] for r in history]},
+                "test": {"x": epochs, "y": [r[f"test_{key}"] for r in history], "style": "--"},
             },
-        ),
-        "accuracy": _curves(
-            run / "accuracy.png",
-            "accuracy",
-            "accuracy",
-            {
-                "train": {"x": epochs, "y": [r["train_acc"] for r in history]},
-                "test": {"x": epochs, "y": [r["test_acc"] for r in history], "style": "--"},
-            },
-        ),
+        )
+        for name, key, ylabel in (
+            ("loss", "loss", "cross-entropy"),
+            ("accuracy", "acc", "accuracy"),
+        )
     }
     residuals = plot_residuals(run / "residuals.png", history)
     last = history[-1]

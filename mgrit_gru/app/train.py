@@ -34,29 +34,14 @@ class Classifier(nn.Module):
 
     def __init__(self, cfg: TrainConfig, features: int, classes: int) -> None:
         super().__init__()
-        self.solver = cfg.solver
-        rnn = GRU(
-            features,
-            cfg.hidden,
-            cfg.layers,
-            batch_first=True,
-            dropout=cfg.dropout,
-            bidirectional=cfg.bidirectional,
-            solver=cfg.solver_options(),
-            cell=cfg.cell,
-        )
+        shape = dict(batch_first=True, dropout=cfg.dropout, bidirectional=cfg.bidirectional)
+        args = (features, cfg.hidden, cfg.layers)
+        rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell)
         if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
             if cfg.cell != "classic":
                 raise RunError("--solver torch supports only --cell classic")
             with torch.random.fork_rng(devices=[]):  # leave the head's init unchanged
-                torch_rnn = nn.GRU(
-                    features,
-                    cfg.hidden,
-                    cfg.layers,
-                    batch_first=True,
-                    dropout=cfg.dropout,
-                    bidirectional=cfg.bidirectional,
-                )
+                torch_rnn = nn.GRU(*args, **shape)
             torch_rnn.load_state_dict(rnn.state_dict())
             rnn = torch_rnn
         self.rnn = rnn
