@@ -125,9 +125,18 @@ def build_hierarchy(gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tenso
     return Hierarchy(grids, gates, dts)
 
 
-def _stats(pass_, where, grids, result: SolveResult, fell_back) -> SolveStats:
+def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where):
+    """``run(grids)``; if it diverges, warn (or raise) and run the serial grid instead. The
+    stats keep the diverged residual history and are marked ``fell_back``."""
+    result, fell_back = run(grids), False
+    if result.diverged:
+        _diverged(pass_, options, result)
+        diverged = result
+        grids = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
+        result, fell_back = run(grids), True
+        result.residuals, result.iterations = diverged.residuals, diverged.iterations
     layer, reverse = where
-    return SolveStats(
+    stats = SolveStats(
         pass_=pass_,
         layer=layer,
         reverse=reverse,
@@ -138,6 +147,7 @@ def _stats(pass_, where, grids, result: SolveResult, fell_back) -> SolveStats:
         converged=result.converged and not result.diverged,
         fell_back=fell_back,
     )
+    return grids, result, stats
 
 
 class DivergenceWarning(UserWarning):
@@ -211,14 +221,9 @@ def forward_solve(
             work=work,
         )
 
-    result, fell_back = run(grids), False
-    if result.diverged:
-        _diverged("forward", options, result)
-        diverged, grids = result, [Grid(N=T, m=T, n=1)]
-        result, fell_back = run(grids), True
-        result.residuals, result.iterations = diverged.residuals, diverged.iterations
+    grids, result, stats = _solve_guarded("forward", options, run, grids, where)
     points = flat_points(result.u, result.uend)[: T + 1]
-    return points, hier, _stats("forward", where, grids, result, fell_back)
+    return points, hier, stats
 
 
 BLOCK_ROWS = 2048  # rows (steps x batch) per block of whole-sequence elementwise work
@@ -360,19 +365,10 @@ def adjoint_solve(
             work=work,
         )
 
-    serial_grids = [Grid(N=T, m=T, n=1)]
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
-    grids = mgrit_grids if math.isfinite(scale) else serial_grids
-    result = run(grids)
-    fell_back = False
-    if result.diverged:
-        _diverged("backward", options, result)
-        diverged, grids = result, serial_grids
-        result = run(grids)
-        result.residuals, result.iterations = diverged.residuals, diverged.iterations
-        fell_back = True
+    grids = mgrit_grids if math.isfinite(scale) else [Grid(N=T, m=T, n=1)]
+    grids, result, stats = _solve_guarded("backward", options, run, grids, where)
     Mg = grids[0].M
     lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
     lam_rev = flat_points(result.u, result.uend, out=lam)[Mg - T :]
-    stats = _stats("backward", where, grids, result, fell_back)
     return Adjoint(lam_rev, C_rev[M - T :], A_n, stats)
