@@ -54,6 +54,13 @@ def _eval(args: argparse.Namespace) -> None:
     train.evaluate_run(Path(args.run), args.dataset)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad command lines get one line on stderr (no usage dump) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _training_parser(sub, name: str, helptext: str, out_help: str, func):
     p = sub.add_parser(name, help=helptext)
     add_config_arguments(p)
@@ -64,10 +71,8 @@ def _training_parser(sub, name: str, helptext: str, out_help: str, func):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mgrit-gru", description="GRU training parallel in time with MGRIT"
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="mgrit-gru", description="GRU training parallel in time with MGRIT")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("bench", help="time torch.nn.GRU, serial and MGRIT side by side")
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)

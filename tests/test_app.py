@@ -273,7 +273,38 @@ def test_cli_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
     assert message in err and len(err.splitlines()) == 1
 
 
-def test_unknown_option_exits_2(capsys):
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--hiden", "3"], "unrecognized arguments: --hiden 3"),
+        (["train", "--solver", "fast"], "invalid choice: 'fast'"),
+        (["train", "--epochs", "two"], "invalid int value: 'two'"),
+        (["nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_command_line_exits_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["train", "--hiden", "3"])
+        main(argv)
     assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_train_on_unequal_lengths(tmp_path):
+    """PLAID: variable-length sequences go through the module as lengths=, both directions."""
+    cfg = TrainConfig(
+        dataset="plaid",
+        max_train=24,
+        max_test=12,
+        hidden=6,
+        batch_size=12,
+        epochs=1,
+        cfactor=8,
+        threads=1,
+        bidirectional=True,
+    )
+    try:
+        rows = train(cfg, tmp_path / "run", progress=False, log=lambda *a: None)
+    except datasets.DatasetError as exc:
+        pytest.skip(str(exc))
+    assert rows[0]["fwd_iters_mean"] >= 0 and 0 <= rows[0]["test_acc"] <= 1
