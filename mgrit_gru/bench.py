@@ -57,9 +57,14 @@ def describe(opts: MGRIT) -> str:
     return "mgrit(" + (",".join(changed) if changed else "default") + ")"
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: torch.device) -> float:
+    """Wall time of ``fn()``; on CUDA the queued kernels are waited for on both ends."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
@@ -87,14 +92,14 @@ def _rel(a, b) -> float:
 
 def bench_one_length(T, args, settings, log=print) -> list[dict]:
     torch.manual_seed(args.seed)
-    dtype = getattr(torch, args.dtype)
-    ref = torch.nn.GRU(args.input, args.hidden, dtype=dtype)
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
+    ref = torch.nn.GRU(args.input, args.hidden, dtype=dtype, device=device)
     if args.zbias:
         with torch.no_grad():
             ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
-    x = torch.randn(T, args.batch, args.input, dtype=dtype)
-    w_y = torch.randn(T, args.batch, args.hidden, dtype=dtype)
-    w_h = torch.randn(1, args.batch, args.hidden, dtype=dtype)
+    x = torch.randn(T, args.batch, args.input, dtype=dtype).to(device)
+    w_y = torch.randn(T, args.batch, args.hidden, dtype=dtype).to(device)
+    w_h = torch.randn(1, args.batch, args.hidden, dtype=dtype).to(device)
     rows = []
     if not args.no_torch:
         rows.append(Row("torch.nn.GRU", ref))
@@ -107,8 +112,8 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             row.stats = row.module.last_stats
     for _ in range(args.repeats):
         for row in rows:
-            row.fwd.append(_timed(lambda r=row: r.forward(x)))
-            row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h)))
+            row.fwd.append(_timed(lambda r=row: r.forward(x), device))
+            row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), device))
     serial = next(r for r in rows if r.name == "serial")
     base = {r.name: statistics.median(r.train) for r in rows}
     results = []
@@ -165,6 +170,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument(
         "--zbias",
         type=float,
@@ -189,11 +195,22 @@ def run(args: argparse.Namespace) -> list[dict]:
     if any(T < 1 for T in args.T):
         raise ValueError(f"--T values must be >= 1, got {args.T}")
     settings = [parse_setting(s) for s in args.settings]
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {args.device!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
     torch.set_num_threads(args.threads)
     print(
         f"mgrit-gru bench: B={args.batch} input={args.input} hidden={args.hidden} {args.dtype} "
         f"threads={torch.get_num_threads()} repeats={args.repeats} zbias={args.zbias} "
-        f"torch {torch.__version__} on {platform.processor() or platform.machine()}"
+        f"torch {torch.__version__} on "
+        + (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else platform.processor() or platform.machine()
+        )
     )
     print(
         "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "

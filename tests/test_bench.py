@@ -1,0 +1,70 @@
+"""mgrit-gru bench on tiny sizes: the table, the JSON, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mgrit_gru.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _float32():
+    torch.set_default_dtype(torch.float32)
+
+
+def test_bench_table_and_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    argv = [
+        "bench",
+        "--T",
+        "20",
+        "70",
+        "--batch",
+        "2",
+        "--input",
+        "3",
+        "--hidden",
+        "4",
+        "--repeats",
+        "1",
+        "--settings",
+        "default",
+        "cfactor=4,tol=1e-7",
+        "--json",
+        str(path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "threads=1" in out and "x torch" in out
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    assert [r["solver"] for r in rows[:4]] == [
+        "torch.nn.GRU",
+        "serial",
+        "mgrit(default)",
+        "mgrit(cfactor=4,tol=1e-07)",
+    ]
+    assert {r["T"] for r in rows} == {20, 70} and len(rows) == 8
+    for r in rows:
+        assert r["train_s"] > 0 and r["fwd_s"] > 0
+        assert r["max_abs_y_err"] < 1e-5 and r["rel_grad_err"] < 1e-4
+    serial = [r for r in rows if r["solver"] == "serial"][0]
+    assert serial["speedup_vs_serial"] == 1.0 and serial["max_abs_y_err"] == 0.0
+    assert data["meta"]["threads"] == 1
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--settings", "cfactr=4"], "bad MGRIT setting 'cfactr=4'"),
+        (["--settings", "cfactor=1"], "invalid cfactor=1"),
+        (["--device", "bogus"], "--device 'bogus'"),
+        (["--T", "0"], "--T values must be >= 1"),
+    ],
+)
+def test_bench_errors(extra, message, capsys):
+    assert main(["bench", "--T", "10", "--repeats", "1", *extra]) == 2
+    assert message in capsys.readouterr().err
