@@ -34,21 +34,32 @@ class GRULayerFunction(torch.autograd.Function):
         record: RunStats,
         where: tuple[int, bool],
         mask: Optional[Tensor],
+        tg,
     ):
         points, hier, stats = forward_solve(
-            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg
         )
         record.forward.append(stats)
         ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
+        ctx.tg = tg
         T = x.shape[0]
-        return points[1:], points[T].clone()
+        h_n = points[T].clone()
+        if tg is not None:  # the global end state lives on the last rank
+            h_n = tg.comm(reverse=False).last(h_n)
+        return points[1:], h_n
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_y, d_hn):
         x, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
+        tg = ctx.tg
+        if tg is not None:  # every rank's loss may use h_n: sum, and apply it at the end
+            comm = tg.comm(reverse=False)
+            d_hn = comm.sum_(d_hn.clone())
+            if tg.rank != comm.order[-1]:
+                d_hn.zero_()
         adj = adjoint_solve(
             points,
             x,
@@ -63,6 +74,7 @@ class GRULayerFunction(torch.autograd.Function):
             d_hn,
             ctx.where,
             mask,
+            tg,
         )
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad
@@ -81,9 +93,16 @@ class GRULayerFunction(torch.autograd.Function):
             d_w_hh.addmm_(d_gh.t(), points[k0:k1].reshape(-1, w_hh.shape[1]))
             d_b_ih += d_gx.sum(0)
             d_b_hh += d_gh.sum(0)
+        d_h0 = adj.lam_rev[T].clone()
+        if tg is not None:  # parameters and h0 are shared by the time slices
+            comm = tg.comm(reverse=False)
+            if not comm.first:
+                d_h0.zero_()
+            for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
+                comm.sum_(grad)
         return (
             d_x,
-            adj.lam_rev[T].clone() if need[1] else None,
+            d_h0 if need[1] else None,
             d_w_ih if need[2] else None,
             d_w_hh if need[3] else None,
             d_b_ih if b_ih is not None and need[4] else None,
@@ -93,10 +112,15 @@ class GRULayerFunction(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
-def gru_layer(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where=(0, False), mask=None):
+def gru_layer(
+    x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where=(0, False), mask=None, tg=None
+):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
     (the state stays fixed there, so ``h_n`` is each sequence's state at its own end)."""
-    return GRULayerFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask)
+    return GRULayerFunction.apply(
+        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg
+    )

@@ -26,6 +26,10 @@ class GRU(nn.Module):
             same kernels) or an :class:`mgrit_gru.MGRIT` object.
         cell: ``"classic"`` (``torch.nn.GRU``'s math) or ``"implicit"`` (the implicit GRU of
             Moon & Cyr 2022 as the model, dt = 1).
+        time_group: a :class:`mgrit_gru.distributed.TimeGroup`: time-parallel across its ranks.
+            Each rank passes its slice of x (:func:`mgrit_gru.distributed.scatter_time`) and
+            the same h0, and gets its slice of y and the global h_n; gradients of the
+            parameters and h0 are summed over the group.
 
     Call: ``y, h_n = gru(x, h0=None)`` with x ``(T, B, input_size)`` (``(B, T, ·)`` if
     batch_first, or unbatched ``(T, input_size)``) and h0 ``(D * num_layers, B, hidden_size)``;
@@ -49,6 +53,7 @@ class GRU(nn.Module):
         *,
         solver: Union[str, MGRIT] = "mgrit",
         cell: str = "classic",
+        time_group=None,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -71,6 +76,9 @@ class GRU(nn.Module):
         self.bidirectional = bidirectional
         self.solver = as_options(solver)
         self.cell = cell
+        self.time_group = time_group
+        if time_group is not None and bidirectional:
+            raise ValueError("GRU: time_group= does not support bidirectional=True yet")
         self.last_stats: Optional[RunStats] = None
         factory = {"device": device, "dtype": dtype}
         directions = 2 if bidirectional else 1
@@ -237,6 +245,8 @@ class GRU(nn.Module):
         x, hx, batched = self._check_input(input, hx)
         T, B = x.shape[:2]
         lengths = self._check_lengths(lengths, T, B, batched)
+        if self.time_group is not None and (lengths is not None or packed):
+            raise ValueError("GRU: time_group= does not support variable lengths yet")
         mask = None
         if lengths is not None and int(lengths.min()) < T:
             steps = torch.arange(T).unsqueeze(1)
@@ -265,6 +275,12 @@ class GRU(nn.Module):
             reverse = torch.where(t < lengths, lengths - 1 - t, t).to(x.device)  # (T, B)
         record = RunStats()
         self.last_stats = record
+        tg = None
+        if self.time_group is not None:
+            from .distributed import TimeContext
+
+            cfactor = self.solver.cfactor
+            tg = TimeContext.for_slice(self.time_group, T, cfactor)
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):
@@ -284,6 +300,7 @@ class GRU(nn.Module):
                     record,
                     (layer, bool(direction)),
                     mask,
+                    tg,
                 )
                 outs.append(_reverse(y, reverse) if direction else y)
                 h_n.append(h_last)

@@ -35,6 +35,37 @@ class Propagator(Protocol):
         ...
 
 
+class LocalComm:
+    """How level-0 chunks meet when one process holds them all: they don't need to.
+
+    A time-parallel backend (:mod:`mgrit_gru.distributed`) replaces this with one whose rank
+    holds the chunks ``[c0, c1)`` of the finest level: it passes chunk-boundary states to the
+    next rank, gathers C-point data for the coarse levels (which every rank then solves
+    redundantly) and reduces residual norms. The cycle is otherwise the same.
+    """
+
+    first = True  # holds global point 0
+
+    def span(self, n: int) -> tuple[int, int]:
+        """This rank's chunks of the finest level, given its local chunk count."""
+        return 0, n
+
+    def shift(self, uend: Tensor) -> Optional[Tensor]:
+        """Send this rank's last point on; the previous rank's last point (None on the first)."""
+        return None
+
+    def gather(self, local: Tensor) -> Tensor:
+        """Per-chunk values of all ranks in time order."""
+        return local
+
+    def last(self, uend: Tensor) -> Tensor:
+        """The global last point (held by the last rank) on every rank."""
+        return uend
+
+    def max(self, value: float) -> float:
+        return value
+
+
 @dataclass
 class SolveResult:
     u: Tensor  # (m, n, *S) level-0 points 0..M-1 in chunk layout
@@ -46,10 +77,11 @@ class SolveResult:
 
 
 class _Solver:
-    def __init__(self, grids: Sequence[Grid], ops: Sequence[Propagator], relax: str):
+    def __init__(self, grids: Sequence[Grid], ops: Sequence[Propagator], relax: str, comm):
         self.grids = grids
         self.ops = ops
         self.relax = relax
+        self.comm = comm
 
     # -- relaxation ---------------------------------------------------------------------
     def f_relax(self, level: int, u: Tensor, g: Optional[Tensor]) -> None:
@@ -67,13 +99,16 @@ class _Solver:
             out = out + g[m - 1]
         return out
 
-    @staticmethod
-    def set_c_points(u: Tensor, uend: Tensor, values: Tensor) -> None:
+    def set_c_points(self, level: int, u: Tensor, uend: Tensor, values: Tensor) -> None:
         u[0, 1:] = values[:-1]
         uend.copy_(values[-1])
+        if level == 0:  # this rank's first C-point is the previous rank's last point
+            received = self.comm.shift(uend)
+            if received is not None:
+                u[0, 0] = received
 
     def c_relax(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
-        self.set_c_points(u, uend, self.propagate_last(level, u, g))
+        self.set_c_points(level, u, uend, self.propagate_last(level, u, g))
 
     def smooth(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
         self.f_relax(level, u, g)
@@ -92,9 +127,15 @@ class _Solver:
         ``propagated`` holds Phi_l(last F-point of chunk c) + g: the values C-points 1..n would
         take after a C-relaxation.
         """
-        grid, coarse = self.grids[level], self.grids[level + 1]
-        n, off, Mc = grid.n, coarse.off, coarse.M
-        c_points = torch.cat([u[0], uend.unsqueeze(0)])  # (n + 1, *S)
+        coarse, Mc, off = self.grids[level + 1], self.grids[level + 1].M, self.grids[level + 1].off
+        if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs
+            c0, c1 = self.comm.span(u.shape[1])
+            c_points = torch.cat([self.comm.gather(u[0]), self.comm.last(uend).unsqueeze(0)])
+            propagated = self.comm.gather(propagated)
+        else:
+            c0, c1 = 0, u.shape[1]
+            c_points = torch.cat([u[0], uend.unsqueeze(0)])  # (n + 1, *S)
+        n = c_points.shape[0] - 1
         v_flat = c_points.new_empty((Mc + 1, *c_points.shape[1:]))
         v_flat[:off] = c_points[0]
         v_flat[off : off + n + 1] = c_points
@@ -108,8 +149,8 @@ class _Solver:
         g_c = to_chunks(g_flat, coarse)
         self.vcycle(level + 1, v, vend, g_c)
         solved = flat_points(v, vend)
-        u[0, 1:] = solved[off + 1 : off + n]
-        uend.copy_(solved[off + n])
+        u[0] = solved[off + c0 : off + c1]
+        uend.copy_(solved[off + c1])
 
     def vcycle(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
         if level == len(self.grids) - 1:
@@ -121,6 +162,8 @@ class _Solver:
 
 
 def _residual_norm(propagated: Tensor, u: Tensor, uend: Tensor) -> float:
+    if propagated.numel() == 0:
+        return 0.0
     return (propagated - chunk_ends(u, uend)).abs().max().item()
 
 
@@ -135,6 +178,7 @@ def solve(
     max_iters: int = 1,
     scale: float = 1.0,
     work: Optional[Tensor] = None,
+    comm: Optional[LocalComm] = None,
 ) -> SolveResult:
     """Solve ``u_{k+1} = Phi_0(u_k; k) + g_k`` from ``u_0 = u0`` on the finest grid.
 
@@ -147,6 +191,7 @@ def solve(
             ``<= tol``; ``residuals`` are recorded divided by ``scale`` too.
         max_iters: cap on V-cycles.
         work: optional ``(m, n, *S)`` tensor to hold the level-0 points (else allocated).
+        comm: how this process's level-0 chunks meet the others' (default: it holds them all).
 
     Returns:
         :class:`SolveResult`. ``residuals`` holds the residual after each relaxation (one per
@@ -160,7 +205,8 @@ def solve(
     u = u0.new_empty((first.m, first.n, *u0.shape)) if work is None else work
     u.copy_(u0.expand(first.m, first.n, *u0.shape))
     uend = u0.clone()
-    solver = _Solver(grids, ops, relax)
+    comm = comm or LocalComm()
+    solver = _Solver(grids, ops, relax, comm)
     if len(grids) == 1:
         solver.exact(0, u, uend, g)
         return SolveResult(u, uend)
@@ -174,7 +220,7 @@ def solve(
         else:
             solver.smooth(0, u, uend, g)
         propagated = solver.propagate_last(0, u, g)
-        res = _residual_norm(propagated, u, uend) / scale
+        res = comm.max(_residual_norm(propagated, u, uend)) / scale
         history = result.residuals
         # Diverged: worse than after the first relaxation alone, i.e. the coarse grid hurts.
         grew = bool(history) and res > history[0] and res > max(floor, tol)
@@ -185,7 +231,7 @@ def solve(
         history.append(res)
         if res <= tol or final:
             result.converged = res <= tol
-            solver.set_c_points(u, uend, propagated)
+            solver.set_c_points(0, u, uend, propagated)
             return result
         solver.coarse_correct(0, u, uend, propagated)
         result.iterations += 1

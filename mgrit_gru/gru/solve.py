@@ -75,6 +75,13 @@ class Hierarchy:
     grids: list[Grid]
     gates: list[Optional[Tensor]]
     dts: list[Optional[Tensor]]
+    c_points: Optional[Tensor] = None  # time-parallel: all ranks' forward C-point states
+
+    def coarse_points(self, points: Tensor, level: int, cfactor: int) -> Tensor:
+        """Forward states at the starts of level ``level``'s steps (fine index k m^level)."""
+        if self.c_points is None:
+            return points[0 : points.shape[0] - 1 : cfactor**level]
+        return self.c_points[0 : self.c_points.shape[0] - 1 : cfactor ** (level - 1)]
 
 
 def input_gates(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], out: Optional[Tensor] = None):
@@ -102,26 +109,38 @@ def column(dt: Tensor) -> Tensor:
     return dt.reshape(dt.shape[0], -1, 1)
 
 
-def build_hierarchy(gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tensor) -> Hierarchy:
+def coarsen(g_fine: Tensor, w_fine: Tensor, fine: Grid, options: MGRIT) -> tuple[Tensor, Tensor]:
+    """One coarsening: per chunk of ``fine``, the coarse step's input gates and ``dt`` from the
+    padded fine gates ``(M, B, 3H)`` and step sizes ``(M,)`` or ``(M, B)``."""
+    g = g_fine.view(fine.n, fine.m, *g_fine.shape[1:])
+    w = w_fine.view(fine.n, fine.m, *w_fine.shape[1:])
+    dt = w.sum(1)
+    if options.coarse_gates == "inject":  # a sequence's real steps are a prefix
+        return g[:, 0].clone(), dt
+    if w.dim() == 2:  # dt-weighted mean over the real fine steps: one batched GEMM
+        avg = torch.bmm(w.unsqueeze(1), g.reshape(fine.n, fine.m, -1)).squeeze(1)
+        return (avg / dt.unsqueeze(1)).view(fine.n, *g_fine.shape[1:]), dt
+    # per-sequence weights; an all-padding interval gets zero gates (dt = 0)
+    avg = torch.einsum("cjb,cjbk->cbk", w, g)
+    return avg / dt.clamp_min(1.0).unsqueeze(-1), dt
+
+
+def build_hierarchy(
+    gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tensor, gather=None
+) -> Hierarchy:
     """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T) and the fine
     step sizes ``w0`` ``(M_0,)`` or ``(M_0, B)``. A coarse step's ``dt`` is the number of real
-    fine steps it spans (per sequence, with a mask)."""
+    fine steps it spans (per sequence, with a mask). ``gather`` joins the level-1 values of
+    all ranks when the fine level is spread over processes."""
     gates, dts = [None], [None]
     g_fine, w_fine = gx_pad, w0
-    for fine, coarse in zip(grids[:-1], grids[1:]):
-        g = g_fine.view(fine.n, fine.m, *gx_pad.shape[1:])
-        w = w_fine.view(fine.n, fine.m, *w_fine.shape[1:])
-        dt = w.sum(1)
-        if options.coarse_gates == "inject":  # a sequence's real steps are a prefix
-            gates.append(g[:, 0].clone())
-        elif w.dim() == 2:  # dt-weighted mean over the real fine steps: one batched GEMM
-            avg = torch.bmm(w.unsqueeze(1), g.reshape(fine.n, fine.m, -1)).squeeze(1)
-            gates.append((avg / dt.unsqueeze(1)).view(fine.n, *gx_pad.shape[1:]))
-        else:  # per-sequence weights; an all-padding interval gets zero gates (dt = 0)
-            avg = torch.einsum("cjb,cjbk->cbk", w, g)
-            gates.append(avg / dt.clamp_min(1.0).unsqueeze(-1))
+    for lvl, (fine, coarse) in enumerate(zip(grids[:-1], grids[1:])):
+        gate, dt = coarsen(g_fine, w_fine, fine, options)
+        if lvl == 0 and gather is not None:
+            gate, dt = gather(gate), gather(dt)
+        gates.append(gate)
         dts.append(dt)
-        g_fine, w_fine = pad_steps(gates[-1], coarse), pad_steps(dt, coarse)
+        g_fine, w_fine = pad_steps(gate, coarse), pad_steps(dt, coarse)
     return Hierarchy(grids, gates, dts)
 
 
@@ -170,6 +189,20 @@ def _diverged(pass_: str, options: MGRIT, result: SolveResult) -> None:
     )
 
 
+def _grids(T_local: int, options: MGRIT, levels: int, front: bool, tg, spans):
+    """The hierarchy; with a time-parallel context its finest level is this rank's chunks."""
+    T = T_local if tg is None else tg.steps
+    grids = build_grids(T, options.cfactor, levels or options.num_levels(T), front=front)
+    if tg is None:
+        return grids
+    if len(grids) == 1:  # no coarse level: each rank steps through its slice in turn
+        return [Grid(N=T_local, m=T_local, n=1)]
+    c0, c1 = spans[tg.rank]
+    m = options.cfactor
+    local = Grid(N=T_local, m=m, n=c1 - c0, off=((c1 - c0) * m - T_local) if front else 0)
+    return [local] + grids[1:]
+
+
 def forward_solve(
     x: Tensor,
     h0: Tensor,
@@ -181,23 +214,31 @@ def forward_solve(
     options: MGRIT,
     where=(0, False),
     mask: Optional[Tensor] = None,
+    tg=None,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
     """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
+    With ``tg`` (a :class:`mgrit_gru.distributed.TimeGroup` carrying ``steps`` and ``spans``),
+    x is this rank's time slice and the returned points are its slice's.
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
     """
     T, B = x.shape[:2]
-    grids = build_grids(T, options.cfactor, options.num_levels(T))
-    M = grids[0].M
+    comm = None if tg is None else tg.comm(reverse=False)
+    grids = _grids(T, options, 0, False, tg, None if tg is None else tg.spans)
+    M = grids[0].M if len(grids) > 1 or tg is None else T
     H = w_hh.shape[1]
     b_hn = None if b_hh is None else b_hh[2 * H :]
     gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
     input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[:T])
     gx[T:] = 0.0
-    w0 = step_weights(grids[0], mask, gx)
-    hier = build_hierarchy(gx, grids, options, w0)
+    w0 = step_weights(grids[0], mask, gx) if len(grids) > 1 else None
+    hier = (
+        build_hierarchy(gx, grids, options, w0, None if comm is None else comm.gather)
+        if len(grids) > 1
+        else Hierarchy(grids, [None], [None])
+    )
     coarse_ops = [
         ForwardStep(
             g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
@@ -208,9 +249,14 @@ def forward_solve(
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]
-        dt = None if mask is None else w0[: fine.M]
+        dt = None if mask is None else step_weights(fine, mask, gx)
         ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
+        if comm is not None and len(grids) == 1:  # serial across ranks: a pipeline
+            start = comm.recv_prev(h0)
+            result = solve(grids, ops, h0 if start is None else start, work=work)
+            comm.send_next(result.uend)
+            return result
         return solve(
             grids,
             ops,
@@ -219,10 +265,18 @@ def forward_solve(
             tol=options.tol,
             max_iters=options.max_iters,
             work=work,
+            comm=comm,
         )
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where)
     points = flat_points(result.u, result.uend)[: T + 1]
+    if comm is not None:
+        if len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse levels
+            hier.c_points = torch.cat(
+                [comm.gather(result.u[0]), comm.last(result.uend).unsqueeze(0)]
+            )
+        else:
+            hier.c_points = None
     return points, hier, stats
 
 
@@ -262,14 +316,17 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask=None):
     return D_rev, C_rev, A_n
 
 
-def reversed_forcing(d_out: Tensor, d_last: Tensor, M: int) -> tuple[Tensor, Tensor]:
+def reversed_forcing(
+    d_out: Tensor, d_last: Tensor, M: int, f_first: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
     """The adjoint's right-hand side in reversed time, ``g[j] = f_{M-1-j}`` ``(M, B, H)``, and
     ``f_T`` (its initial value when no padding precedes it), where ``f_k = dL/du_k`` directly:
-    ``dL/dy_{k-1}``, plus ``dL/dh_n`` at ``k = T``, zero at ``k = 0`` and past T."""
+    ``dL/dy_{k-1}``, plus ``dL/dh_n`` at ``k = T``, zero past T, and ``f_first`` (default
+    zero) at ``k = 0``: a time slice's first point is the previous slice's last output."""
     T, B = d_out.shape[:2]
     g = workspace.buffer("bwd.g", (M, *d_out.shape[1:]), d_out)
     g[: M - 1 - T] = 0.0
-    g[M - 1] = 0.0
+    g[M - 1] = 0.0 if f_first is None else f_first
     # dL/dy_i is f_{i+1}, at reversed index M - 2 - i; with M == T, f_T is the initial value.
     for k0, k1 in time_blocks(min(T, M - 1), B):
         g[M - 1 - k1 : M - 1 - k0] = d_out[k0:k1].flip(0)
@@ -314,26 +371,34 @@ def adjoint_solve(
     d_last: Tensor,
     where=(0, False),
     mask: Optional[Tensor] = None,
+    tg=None,
 ) -> Adjoint:
     """Solve the adjoint of one layer.
 
     Args:
         points: forward points ``(T + 1, B, H)``; x: the layer input ``(T, B, I)``.
         d_out: dL/dy ``(T, B, H)``; d_last: dL/dh_n ``(B, H)``.
+        tg: time-parallel group (then all of these are this rank's slice; d_last counts only
+            on the last rank).
     """
     T, B = x.shape[:2]
-    mgrit_grids = build_grids(T, options.cfactor, len(hier.grids), front=True)
-    M = mgrit_grids[0].M
+    comm = None if tg is None else tg.comm(reverse=True)
+    mgrit_grids = _grids(T, options, len(hier.grids), True, tg, None if tg is None else tg.spans)
+    M = mgrit_grids[0].M if len(mgrit_grids) > 1 or tg is None else T
     D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask)
-    g_rev, f_T = reversed_forcing(d_out, d_last, M)
+    f_first = None
+    if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
+        f_first = tg.comm(reverse=False).shift(d_out[T - 1])
+    g_rev, f_T = reversed_forcing(d_out, d_last, M, f_first)
     low, high = torch.aminmax(g_rev)
     scale = max(-low.item(), high.item(), f_T.abs().max().item())
+    if comm is not None:
+        scale = comm.max(scale)
     coarse_ops = []
     b_hn = None if b_hh is None else b_hh[2 * w_hh.shape[1] :]
     for lvl in range(1, len(mgrit_grids)):
-        stride = options.cfactor**lvl
         lin = gru.linearise(
-            points[0:T:stride],
+            hier.coarse_points(points, lvl, options.cfactor),
             hier.gates[lvl],
             w_hh,
             b_hn,
@@ -353,16 +418,25 @@ def adjoint_solve(
         ops += coarse_ops[: len(grids) - 1]
         u0 = f_T if fine.M == T else torch.zeros_like(f_T)
         work = workspace.buffer("bwd.u", (fine.m, fine.n, *f_T.shape), f_T)
+        g0 = chunk_view(g_rev[M - fine.M :], fine)
+        if comm is not None and len(grids) == 1:  # serial across ranks: a pipeline
+            start = comm.recv_prev(u0)
+            result = solve(grids, ops, u0 if start is None else start, g0, work=work)
+            comm.send_next(result.uend)
+            return result
+        if comm is not None:  # every rank starts from the global initial value
+            u0 = comm.broadcast_from(u0, 0)
         return solve(
             grids,
             ops,
             u0,
-            chunk_view(g_rev[M - fine.M :], fine),
+            g0,
             relax=options.relax,
             tol=options.bwd_tol,
             max_iters=options.bwd_max_iters,
             scale=scale,
             work=work,
+            comm=comm,
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.

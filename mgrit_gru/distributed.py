@@ -1,0 +1,202 @@
+"""Time-parallel across processes: each rank of a torch.distributed group owns a contiguous
+slice of time, on PyTorch's own engine (gloo on CPU, NCCL on GPU; launch with torchrun).
+
+The algorithm is the single-process one: the finest level's chunks are divided among the ranks
+(near-equal, contiguous, aligned to chunk boundaries, so any T works); relaxation is local; a
+C-relaxation passes one boundary state to the next rank; the coarse-grid correction gathers the
+C-point data (m times smaller than the fine level) so that every rank solves the coarse levels
+identically. Residual histories therefore equal the single-process ones. The adjoint runs the
+same way with the rank order reversed. Weight gradients are summed over the group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .core.cycle import LocalComm
+
+
+def chunk_spans(steps: int, ranks: int, cfactor: int) -> list[tuple[int, int]]:
+    """Near-equal contiguous ranges ``[c0, c1)`` of the ``ceil(steps / cfactor)`` chunks."""
+    n = -(-steps // cfactor)
+    if n < ranks:
+        raise ValueError(
+            f"time-parallel: T={steps} with cfactor={cfactor} gives {n} chunks, fewer than the "
+            f"{ranks} ranks; use a smaller cfactor or fewer ranks"
+        )
+    base, extra = divmod(n, ranks)
+    bounds = [0]
+    for p in range(ranks):
+        bounds.append(bounds[-1] + base + (1 if p < extra else 0))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def time_slices(steps: int, ranks: int, cfactor: int) -> list[tuple[int, int]]:
+    """The time range ``[t0, t1)`` of each rank (chunk-aligned; the last may be shorter)."""
+    return [
+        (c0 * cfactor, min(c1 * cfactor, steps)) for c0, c1 in chunk_spans(steps, ranks, cfactor)
+    ]
+
+
+@dataclass
+class TimeGroup:
+    """The ranks that share one sequence in time. ``group`` None: the default group.
+
+    Every rank calls the GRU with its own slice ``x[t0:t1]`` (see :func:`scatter_time`), and
+    the same ``h0``; it gets its slice of the outputs and the global ``h_n``.
+    """
+
+    group: Optional[dist.ProcessGroup] = None
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def global_rank(self, group_rank: int) -> int:
+        if self.group is None:
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+
+@dataclass
+class TimeContext:
+    """One layer call's view of the time split: global T, chunk spans, the communicators."""
+
+    group: TimeGroup
+    steps: int
+    spans: list[tuple[int, int]]
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    def comm(self, reverse: bool) -> TimeComm:
+        return TimeComm(self.group, self.spans, reverse)
+
+    @classmethod
+    def for_slice(cls, group: TimeGroup, local_steps: int, cfactor: int) -> TimeContext:
+        """Global T from every rank's slice length, checked against the chunk-aligned split."""
+        counts = torch.zeros(group.size, dtype=torch.long)
+        counts[group.rank] = local_steps
+        dist.all_reduce(counts, group=group.group)
+        steps = int(counts.sum())
+        expected = time_slices(steps, group.size, cfactor)
+        got = [int(c) for c in counts]
+        if got != [t1 - t0 for t0, t1 in expected]:
+            raise ValueError(
+                f"time-parallel: the ranks' slice lengths {got} are not the chunk-aligned split "
+                f"of T={steps} for cfactor={cfactor}: {expected}; use scatter_time()"
+            )
+        return cls(group, steps, chunk_spans(steps, group.size, cfactor))
+
+
+class TimeComm(LocalComm):
+    """Level-0 chunk exchange over a TimeGroup, in forward or reversed rank order."""
+
+    def __init__(self, tg: TimeGroup, spans: list[tuple[int, int]], reverse: bool = False):
+        self.tg = tg
+        size = tg.size
+        self.order = list(range(size))[::-1] if reverse else list(range(size))
+        n = spans[-1][1]
+        # positions in the (possibly reversed) chunk order
+        self.spans = [(n - c1, n - c0) for c0, c1 in spans] if reverse else list(spans)
+        self.pos = self.order.index(tg.rank)
+        self.first = self.pos == 0
+        self.counts = [self.spans[r][1] - self.spans[r][0] for r in self.order]
+
+    def span(self, n_local: int) -> tuple[int, int]:
+        return self.spans[self.tg.rank]
+
+    def _peer(self, offset: int) -> Optional[int]:
+        pos = self.pos + offset
+        if 0 <= pos < len(self.order):
+            return self.tg.global_rank(self.order[pos])
+        return None
+
+    def shift(self, uend: Tensor) -> Optional[Tensor]:
+        nxt, prev = self._peer(1), self._peer(-1)
+        requests, received = [], None
+        if nxt is not None:
+            requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
+        if prev is not None:
+            received = torch.empty_like(uend)
+            requests.append(dist.irecv(received, prev, group=self.tg.group))
+        for r in requests:
+            r.wait()
+        return received
+
+    def gather(self, local: Tensor) -> Tensor:
+        width = max(self.counts)
+        padded = local.new_zeros((width, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(self.tg.size)]
+        dist.all_gather(parts, padded.contiguous(), group=self.tg.group)
+        return torch.cat([parts[r][:c] for r, c in zip(self.order, self.counts)])
+
+    def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
+        value = value.clone().contiguous()
+        dist.broadcast(value, self.tg.global_rank(self.order[pos]), group=self.tg.group)
+        return value
+
+    def last(self, uend: Tensor) -> Tensor:
+        return self.broadcast_from(uend, len(self.order) - 1)
+
+    def max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
+        return float(t.item())
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
+        return tensor
+
+    def recv_prev(self, like: Tensor) -> Optional[Tensor]:
+        prev = self._peer(-1)
+        if prev is None:
+            return None
+        out = torch.empty_like(like)
+        dist.recv(out, prev, group=self.tg.group)
+        return out
+
+    def send_next(self, value: Tensor) -> None:
+        nxt = self._peer(1)
+        if nxt is not None:
+            dist.send(value.contiguous(), nxt, group=self.tg.group)
+
+
+def scatter_time(x: Tensor, tg: TimeGroup, cfactor: int, dim: int = 0) -> Tensor:
+    """This rank's slice of a full sequence ``x`` (every rank holds x; no communication)."""
+    t0, t1 = time_slices(x.shape[dim], tg.size, cfactor)[tg.rank]
+    return x.narrow(dim, t0, t1 - t0)
+
+
+def gather_time(y: Tensor, tg: TimeGroup, steps: int, cfactor: int, dim: int = 0) -> Tensor:
+    """The full sequence from every rank's slice ``y`` (an all-gather; for checks and output)."""
+    slices = time_slices(steps, tg.size, cfactor)
+    width = max(t1 - t0 for t0, t1 in slices)
+    y = y.movedim(dim, 0)
+    padded = y.new_zeros((width, *y.shape[1:]))
+    padded[: y.shape[0]] = y
+    parts = [torch.empty_like(padded) for _ in range(tg.size)]
+    dist.all_gather(parts, padded.contiguous(), group=tg.group)
+    full = torch.cat([p[: t1 - t0] for p, (t0, t1) in zip(parts, slices)])
+    return full.movedim(0, dim)
+
+
+def init_time_parallel(timeout_s: float = 60.0, backend: Optional[str] = None) -> TimeGroup:
+    """Initialise torch.distributed from torchrun's environment (gloo on CPU, NCCL on CUDA)
+    with a timeout for hung or dead ranks, and return the whole world as one TimeGroup."""
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return TimeGroup()
