@@ -11,6 +11,8 @@ same way with the rank order reversed. Weight gradients are summed over the grou
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
@@ -84,11 +86,43 @@ class TimeContext:
         return TimeComm(self.group, self.spans, reverse)
 
     @classmethod
-    def for_slice(cls, group: TimeGroup, local_steps: int, cfactor: int) -> TimeContext:
-        """Global T from every rank's slice length, checked against the chunk-aligned split."""
-        counts = torch.zeros(group.size, dtype=torch.long)
-        counts[group.rank] = local_steps
-        dist.all_reduce(counts, group=group.group)
+    def for_slice(
+        cls,
+        group: TimeGroup,
+        local_steps: int,
+        cfactor: int,
+        config: str = "",
+        params: Iterable[Tensor] = (),
+    ) -> TimeContext:
+        """Global T from every rank's slice length, checked against the chunk-aligned split;
+        the ranks' ``config`` text and parameters must agree too (else a ValueError)."""
+        params = list(params)
+        mine = torch.tensor(
+            [
+                float(local_steps),
+                float(zlib.crc32(config.encode())),
+                sum(float(p.detach().double().sum()) for p in params),
+                sum(float(p.detach().double().square().sum()) for p in params),
+            ],
+            dtype=torch.float64,
+        )
+        table = [torch.empty_like(mine) for _ in range(group.size)]
+        try:
+            dist.all_gather(table, mine, group=group.group)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"time-parallel rank {group.rank}: the start-up check failed; a rank died or "
+                f"hung past the process group's timeout ({exc})"
+            ) from exc
+        for what, col in (("options", 1), ("weights", 2), ("weights", 3)):
+            values = [float(t[col]) for t in table]
+            differ = [r for r, v in enumerate(values) if v != values[0]]
+            if differ:
+                raise ValueError(
+                    f"time-parallel: rank(s) {differ} hold other {what} than rank 0; every rank "
+                    "must build the same model (same seed or a broadcast of rank 0's state)"
+                )
+        counts = torch.tensor([int(t[0]) for t in table])
         steps = int(counts.sum())
         expected = time_slices(steps, group.size, cfactor)
         got = [int(c) for c in counts]
@@ -123,16 +157,26 @@ class TimeComm(LocalComm):
             return self.tg.global_rank(self.order[pos])
         return None
 
+    def _failed(self, what: str, peers: Iterable[Optional[int]], exc: Exception):
+        named = ", ".join(str(p) for p in peers if p is not None) or "the group"
+        return RuntimeError(
+            f"time-parallel rank {self.tg.rank}: {what} with rank(s) {named} failed; a rank "
+            f"died, hung past the process group's timeout, or diverged in its calls ({exc})"
+        )
+
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         nxt, prev = self._peer(1), self._peer(-1)
         requests, received = [], None
-        if nxt is not None:
-            requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
-        if prev is not None:
-            received = torch.empty_like(uend)
-            requests.append(dist.irecv(received, prev, group=self.tg.group))
-        for r in requests:
-            r.wait()
+        try:
+            if nxt is not None:
+                requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
+            if prev is not None:
+                received = torch.empty_like(uend)
+                requests.append(dist.irecv(received, prev, group=self.tg.group))
+            for r in requests:
+                r.wait()
+        except RuntimeError as exc:
+            raise self._failed("boundary exchange", (prev, nxt), exc) from exc
         return received
 
     def gather(self, local: Tensor) -> Tensor:
@@ -145,7 +189,11 @@ class TimeComm(LocalComm):
 
     def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
         value = value.clone().contiguous()
-        dist.broadcast(value, self.tg.global_rank(self.order[pos]), group=self.tg.group)
+        root = self.tg.global_rank(self.order[pos])
+        try:
+            dist.broadcast(value, root, group=self.tg.group)
+        except RuntimeError as exc:
+            raise self._failed("broadcast", [root], exc) from exc
         return value
 
     def last(self, uend: Tensor) -> Tensor:
@@ -153,11 +201,17 @@ class TimeComm(LocalComm):
 
     def max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
+        except RuntimeError as exc:
+            raise self._failed("residual reduction", [], exc) from exc
         return float(t.item())
 
     def sum_(self, tensor: Tensor) -> Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
+        except RuntimeError as exc:
+            raise self._failed("gradient reduction", [], exc) from exc
         return tensor
 
     def recv_prev(self, like: Tensor) -> Optional[Tensor]:
@@ -165,13 +219,19 @@ class TimeComm(LocalComm):
         if prev is None:
             return None
         out = torch.empty_like(like)
-        dist.recv(out, prev, group=self.tg.group)
+        try:
+            dist.recv(out, prev, group=self.tg.group)
+        except RuntimeError as exc:
+            raise self._failed("receiving the start state", [prev], exc) from exc
         return out
 
     def send_next(self, value: Tensor) -> None:
         nxt = self._peer(1)
         if nxt is not None:
-            dist.send(value.contiguous(), nxt, group=self.tg.group)
+            try:
+                dist.send(value.contiguous(), nxt, group=self.tg.group)
+            except RuntimeError as exc:
+                raise self._failed("sending the end state", [nxt], exc) from exc
 
 
 def scatter_time(x: Tensor, tg: TimeGroup, cfactor: int, dim: int = 0) -> Tensor:

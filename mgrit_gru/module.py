@@ -279,8 +279,10 @@ class GRU(nn.Module):
         if self.time_group is not None:
             from .distributed import TimeContext
 
-            cfactor = self.solver.cfactor
-            tg = TimeContext.for_slice(self.time_group, T, cfactor)
+            config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
+            tg = TimeContext.for_slice(
+                self.time_group, T, self.solver.cfactor, config, self.parameters()
+            )
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):

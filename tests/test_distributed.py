@@ -87,3 +87,32 @@ def _worker(rank: int, size: int, port: int) -> None:
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_time_parallel_equals_single_process(ranks):
     mp.spawn(_worker, args=(ranks, _free_port()), nprocs=ranks, join=True)
+
+
+def _fault_worker(rank: int, size: int, port: int) -> None:
+    import time
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=10))
+    torch.set_num_threads(1)
+    tg = TimeGroup()
+    opts = mgrit_gru.MGRIT(cfactor=4)
+    # 1. ranks that built different models are stopped at the start, with the culprit named
+    torch.manual_seed(rank)  # rank 1 gets other weights
+    gru = mgrit_gru.GRU(3, 5, solver=opts, time_group=tg)
+    x = scatter_time(torch.randn(64, 2, 3), tg, 4)
+    with pytest.raises(ValueError, match=r"rank\(s\) \[1\] hold other weights than rank 0"):
+        gru(x)
+    # 2. a rank that dies: the survivor gets an error naming the failure, not a hang
+    torch.manual_seed(0)
+    gru = mgrit_gru.GRU(3, 5, solver=opts, time_group=tg)
+    if rank == 1:
+        os._exit(0)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"time-parallel rank 0: .*a rank died"):
+        gru(x)
+    assert time.monotonic() - start < 30.0
+
+
+def test_mismatch_and_dead_rank_give_clear_errors():
+    mp.spawn(_fault_worker, args=(2, _free_port()), nprocs=2, join=True)
