@@ -6,6 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed
+
 from . import bench
 from .app.config import TrainConfig, add_config_arguments, given_overrides
 from .app.datasets import DatasetError
@@ -24,6 +27,8 @@ def _train(args: argparse.Namespace) -> None:
         cfg = TrainConfig(**overrides)
         run = Path(args.out) if args.out else train.default_run_dir(cfg)
     history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
+    if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
+        return  # rank 0 writes the report
     data_line = history and train.load_data(cfg).describe()
     path = report.write_run_report(run, cfg, history, data_line)
     print(f"report: {path}")

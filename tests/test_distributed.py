@@ -116,3 +116,41 @@ def _fault_worker(rank: int, size: int, port: int) -> None:
 
 def test_mismatch_and_dead_rank_give_clear_errors():
     mp.spawn(_fault_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+def _train_worker(rank: int, size: int, port: int, out: str) -> None:
+    from pathlib import Path
+
+    from mgrit_gru.app.config import TrainConfig
+    from mgrit_gru.app.train import train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=60))
+    cfg = TrainConfig(
+        dataset="adding",
+        length=120,
+        max_train=48,
+        max_test=16,
+        hidden=6,
+        batch_size=16,
+        epochs=2,
+        cfactor=8,
+        threads=1,
+        time_parallel=size,
+    )
+    rows = train(cfg, Path(out) / "parallel", progress=False, log=lambda *a: None)
+    if rank == 0:
+        single = train(
+            cfg.replace(time_parallel=1), Path(out) / "single", progress=False, log=lambda *a: None
+        )
+        for a, b in zip(rows, single):
+            for key in ("train_loss", "test_loss", "train_acc", "test_acc"):
+                assert abs(a[key] - b[key]) < 1e-5, (key, a[key], b[key])
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_time_parallel_training_matches_single_process(tmp_path):
+    mp.spawn(_train_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert (tmp_path / "parallel" / "checkpoint.pt").exists()
+    assert len((tmp_path / "parallel" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -47,9 +47,12 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     threads: Optional[int] = field(default=2, metadata={"help": "torch threads (none: default)"})
+    time_parallel: int = field(
+        default=1, metadata={"help": "ranks sharing each sequence in time (run under torchrun)"}
+    )
 
     def __post_init__(self) -> None:
-        positive = ["hidden", "layers", "cfactor", "epochs", "batch_size"]
+        positive = ["hidden", "layers", "cfactor", "epochs", "batch_size", "time_parallel"]
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -74,6 +77,8 @@ class TrainConfig:
                     f"{', '.join(legal)}"
                 )
         self.solver_options()  # MGRIT validates its own fields
+        if self.time_parallel > 1 and (self.solver == "torch" or self.bidirectional):
+            raise ValueError("--time-parallel needs --solver mgrit or serial, unidirectional")
 
     def solver_options(self) -> Union[MGRIT, str]:
         if self.solver == "serial":

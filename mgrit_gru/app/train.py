@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
@@ -32,11 +33,12 @@ class RunError(ValueError):
 class Classifier(nn.Module):
     """GRU layers, then a linear head on the last layer's final state (both directions)."""
 
-    def __init__(self, cfg: TrainConfig, features: int, classes: int) -> None:
+    def __init__(self, cfg: TrainConfig, features: int, classes: int, time_group=None) -> None:
         super().__init__()
         shape = dict(batch_first=True, dropout=cfg.dropout, bidirectional=cfg.bidirectional)
         args = (features, cfg.hidden, cfg.layers)
-        rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell)
+        rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell, time_group=time_group)
+        self.time_group, self.cfactor = time_group, cfg.cfactor
         if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
             if cfg.cell != "classic":
                 raise RunError("--solver torch supports only --cell classic")
@@ -49,7 +51,13 @@ class Classifier(nn.Module):
         self.head = nn.Linear(cfg.hidden * self.directions, classes)
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
-        if lengths is None:
+        if self.time_group is not None:
+            if lengths is not None:
+                raise RunError("--time-parallel does not support unequal lengths yet")
+            from ..distributed import scatter_time
+
+            _, h_n = self.rnn(scatter_time(x, self.time_group, self.cfactor, dim=1))
+        elif lengths is None:
             _, h_n = self.rnn(x)
         elif isinstance(self.rnn, GRU):
             _, h_n = self.rnn(x, lengths=lengths)
@@ -260,6 +268,10 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = _device(cfg)
+    tg = _time_group(cfg)
+    main = tg is None or tg.rank == 0  # the one process that writes files and logs
+    if not main:
+        progress, log = False, _quiet
     state = None
     if resume:
         state = load_checkpoint(run)
@@ -268,11 +280,12 @@ def train(
     else:
         if (run / CHECKPOINT).exists():
             raise RunError(f"{run} already holds a run; use --resume {run} or another --out")
-        run.mkdir(parents=True, exist_ok=True)
+        if main:
+            run.mkdir(parents=True, exist_ok=True)
     data = load_data(cfg)
     log(data.describe())
     torch.manual_seed(cfg.seed)
-    model = Classifier(cfg, data.features, data.num_classes).to(device)
+    model = Classifier(cfg, data.features, data.num_classes, tg).to(device)
     optimizer = make_optimizer(cfg, model.parameters())
     history: list[dict] = []
     start = 0
@@ -284,16 +297,41 @@ def train(
             raise RunError(f"checkpoint in {run} does not fit the model: {exc}") from exc
         torch.set_rng_state(state["rng"])
         history, start = list(state["history"]), int(state["epoch"])
-        write_metrics(run / "metrics.jsonl", history)  # drop rows past the checkpoint
+        if main:
+            write_metrics(run / "metrics.jsonl", history)  # drop rows past the checkpoint
         if start >= cfg.epochs:
             log(f"{run}: already trained for {start} epochs")
-    write_json(run / "config.json", cfg.to_dict())
+    if main:
+        write_json(run / "config.json", cfg.to_dict())
     for epoch in range(start, cfg.epochs):
         row = _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log)
         history.append(row)
-        save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
-        write_metrics(run / "metrics.jsonl", history)
+        if main:
+            save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
+            write_metrics(run / "metrics.jsonl", history)
     return history
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def _time_group(cfg: TrainConfig):
+    """The TimeGroup of a --time-parallel run (torchrun's environment), or None."""
+    if cfg.time_parallel == 1:
+        return None
+    from ..distributed import init_time_parallel
+
+    if not dist.is_initialized() and "RANK" not in os.environ:
+        raise RunError(
+            f"--time-parallel {cfg.time_parallel} runs under torchrun: torchrun "
+            f"--nproc-per-node {cfg.time_parallel} -m mgrit_gru.cli train "
+            f"--time-parallel {cfg.time_parallel} ..."
+        )
+    tg = init_time_parallel()
+    if tg.size != cfg.time_parallel:
+        raise RunError(f"--time-parallel {cfg.time_parallel} but {tg.size} processes started")
+    return tg
 
 
 def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> dict:
@@ -321,7 +359,13 @@ def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> d
         logits = model(x, _lengths(data.len_train, rows, device))
         loss = F.cross_entropy(logits, target)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        tg = model.time_group
+        if tg is None:
+            loss.backward()
+        else:  # every rank holds the same loss: backpropagate 1/P of it, then sum the head's
+            (loss / tg.size).backward()
+            for p in model.head.parameters():
+                dist.all_reduce(p.grad, group=tg.group)
         if cfg.clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
