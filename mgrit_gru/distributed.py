@@ -253,6 +253,19 @@ def gather_time(y: Tensor, tg: TimeGroup, steps: int, cfactor: int, dim: int = 0
     return full.movedim(0, dim)
 
 
+def data_time_mesh(data: int, time: int, device_type: str = "cpu"):
+    """A 2-D ``torch.distributed.device_mesh`` ("data" x "time") over the initialised world.
+
+    Returns ``(data_group, time_group)``: give ``time_group`` to ``GRU(time_group=...)`` and
+    reduce gradients over ``data_group`` as for any data-parallel model (DDP on it, or an
+    all-reduce); the GRU has already summed its parameters' gradients over time.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (data, time), mesh_dim_names=("data", "time"))
+    return mesh.get_group("data"), TimeGroup(mesh.get_group("time"))
+
+
 def init_time_parallel(timeout_s: float = 60.0, backend: Optional[str] = None) -> TimeGroup:
     """Initialise torch.distributed from torchrun's environment (gloo on CPU, NCCL on CUDA)
     with a timeout for hung or dead ranks, and return the whole world as one TimeGroup."""

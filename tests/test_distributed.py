@@ -154,3 +154,45 @@ def test_time_parallel_training_matches_single_process(tmp_path):
     mp.spawn(_train_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     assert (tmp_path / "parallel" / "checkpoint.pt").exists()
     assert len((tmp_path / "parallel" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def _mesh_worker(rank: int, size: int, port: int) -> None:
+    from mgrit_gru.distributed import data_time_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    data_group, tg = data_time_mesh(2, 2)
+    replica = dist.get_rank(data_group)  # which half of the batch
+    torch.manual_seed(0)
+    opts = mgrit_gru.MGRIT(cfactor=4, tol=1e-12, max_iters=60)
+    single = mgrit_gru.GRU(3, 5, solver=opts)
+    multi = mgrit_gru.GRU(3, 5, solver=opts, time_group=tg)
+    multi.load_state_dict(single.state_dict())
+    T = 90
+    x, h0 = torch.randn(T, 4, 3), torch.randn(1, 4, 5)
+    wy, wh = torch.randn(T, 4, 5), torch.randn(1, 4, 5)
+    y_r, hn_r, dx_r, dh0_r, dp_r = _grads(single, x, h0, wy, wh, 1.0)
+    rows = slice(2 * replica, 2 * replica + 2)
+    first = float(tg.rank == 0)
+    y, hn, dx, dh0, dp = _grads(
+        multi,
+        scatter_time(x[:, rows], tg, 4),
+        h0[:, rows],
+        scatter_time(wy[:, rows], tg, 4),
+        wh[:, rows],
+        first,
+    )
+    for grad in dp:  # the data-parallel reduction
+        dist.all_reduce(grad, group=data_group)
+    assert (gather_time(y, tg, T, 4) - y_r[:, rows]).abs().max() < 1e-10
+    assert (hn - hn_r[:, rows]).abs().max() < 1e-10
+    assert (gather_time(dx, tg, T, 4) - dx_r[:, rows]).abs().max() < 1e-10
+    assert (dh0 - dh0_r[:, rows]).abs().max() < 1e-10
+    assert max((a - b).abs().max() for a, b in zip(dp, dp_r)) < 1e-10
+    dist.destroy_process_group()
+
+
+def test_data_by_time_mesh():
+    mp.spawn(_mesh_worker, args=(4, _free_port()), nprocs=4, join=True)
