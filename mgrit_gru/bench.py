@@ -186,12 +186,108 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-torch", action="store_true", help="skip the torch.nn.GRU row")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    p.add_argument(
+        "--time-parallel",
+        type=int,
+        default=1,
+        metavar="P",
+        help="under torchrun with P processes: time the time-parallel training step "
+        "against the single-process MGRIT and serial solves (default T: 65536)",
+    )
+
+
+def run_time_parallel(args: argparse.Namespace) -> list[dict]:
+    """Rank 0 times the single-process rows while the others wait; then all ranks time the
+    time-parallel step (each repeat's time is the slowest rank's)."""
+    import torch.distributed as dist
+
+    from .distributed import TimeComm, init_time_parallel, scatter_time
+
+    tg = init_time_parallel()
+    if tg.size != args.time_parallel:
+        raise ValueError(f"--time-parallel {args.time_parallel} but {tg.size} processes started")
+    torch.set_num_threads(args.threads)
+    opts = parse_setting(args.settings[0])
+    T = args.T[0] if args.T != [1024, 4096, 16384] else 65536
+    torch.manual_seed(args.seed)
+    ref = torch.nn.GRU(args.input, args.hidden)
+    if args.zbias:
+        with torch.no_grad():
+            ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
+    x = torch.randn(T, args.batch, args.input)
+    w_y, w_h = torch.randn(T, args.batch, args.hidden), torch.randn(1, args.batch, args.hidden)
+    rows = [
+        Row("serial", GRU.from_torch(ref, solver="serial")),
+        Row(f"{describe(opts)} 1 process", GRU.from_torch(ref, solver=opts)),
+    ]
+    par = Row(f"{describe(opts)} {tg.size} ranks", GRU.from_torch(ref, solver=opts))
+    par.module.time_group = tg
+    x_local, wy_local = scatter_time(x, tg, opts.cfactor), scatter_time(w_y, tg, opts.cfactor)
+    first = float(tg.rank == 0)
+    if tg.rank == 0:
+        for row in rows:
+            row.y, row.grads = row.train_step(x, w_y, w_h)
+    par.train_step(x_local, wy_local, w_h * first)  # warm-up
+    comm_share = []
+    for _ in range(args.repeats):
+        if tg.rank == 0:
+            for row in rows:
+                row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), x.device))
+        dist.barrier()
+        TimeComm.seconds = 0.0
+        start = time.perf_counter()
+        par.train_step(x_local, wy_local, w_h * first)
+        own = torch.tensor([time.perf_counter() - start, TimeComm.seconds])
+        dist.all_reduce(own, op=dist.ReduceOp.MAX)
+        par.train.append(float(own[0]))
+        comm_share.append(float(own[1] / own[0]))
+    if tg.rank != 0:
+        return []
+    base = statistics.median(rows[0].train)
+    single = statistics.median(rows[1].train)
+    print(
+        f"mgrit-gru bench --time-parallel {tg.size}: T={T} B={args.batch} input={args.input} "
+        f"hidden={args.hidden} float32 threads/rank={torch.get_num_threads()} "
+        f"repeats={args.repeats} zbias={args.zbias} torch {torch.__version__}"
+    )
+    print(
+        f"{'solver':<36} {'train ms':>9} {'x serial':>9} {'x 1-proc mgrit':>14} {'comm share':>10}"
+    )
+    results = []
+    for row, share in ((rows[0], None), (rows[1], None), (par, statistics.median(comm_share))):
+        t = statistics.median(row.train)
+        rec = {
+            "solver": row.name,
+            "T": T,
+            "train_s": t,
+            "speedup_vs_serial": base / t,
+            "speedup_vs_single_mgrit": single / t,
+            "comm_share": share,
+        }
+        results.append(rec)
+        share_text = "-" if share is None else f"{100 * share:.0f}%"
+        print(
+            f"{row.name:<36} {1e3 * t:>9.1f} {base / t:>9.2f} {single / t:>14.2f} {share_text:>10}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "meta": {"ranks": tg.size, "T": T, "threads": torch.get_num_threads()},
+                    "rows": results,
+                },
+                f,
+                indent=1,
+            )
+    return results
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    for name in ("batch", "input", "hidden", "threads", "repeats"):
+    for name in ("batch", "input", "hidden", "threads", "repeats", "time_parallel"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.time_parallel > 1:
+        return run_time_parallel(args)
     if any(T < 1 for T in args.T):
         raise ValueError(f"--T values must be >= 1, got {args.T}")
     settings = [parse_setting(s) for s in args.settings]

@@ -11,6 +11,7 @@ same way with the rank order reversed. Weight gradients are summed over the grou
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -68,6 +69,20 @@ class TimeGroup:
         if self.group is None:
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
+
+
+def _timed(method):
+    """Add the wall time of a communication method to ``TimeComm.seconds``."""
+
+    def wrapper(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            TimeComm.seconds += time.perf_counter() - start
+
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
 
 
 @dataclass
@@ -135,7 +150,12 @@ class TimeContext:
 
 
 class TimeComm(LocalComm):
-    """Level-0 chunk exchange over a TimeGroup, in forward or reversed rank order."""
+    """Level-0 chunk exchange over a TimeGroup, in forward or reversed rank order.
+
+    ``TimeComm.seconds`` accumulates the wall time spent in its exchanges (for the benchmark's
+    communication share; waiting for a slower neighbour counts as communication)."""
+
+    seconds = 0.0
 
     def __init__(self, tg: TimeGroup, spans: list[tuple[int, int]], reverse: bool = False):
         self.tg = tg
@@ -164,6 +184,7 @@ class TimeComm(LocalComm):
             f"died, hung past the process group's timeout, or diverged in its calls ({exc})"
         )
 
+    @_timed
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         nxt, prev = self._peer(1), self._peer(-1)
         requests, received = [], None
@@ -179,6 +200,7 @@ class TimeComm(LocalComm):
             raise self._failed("boundary exchange", (prev, nxt), exc) from exc
         return received
 
+    @_timed
     def gather(self, local: Tensor) -> Tensor:
         width = max(self.counts)
         padded = local.new_zeros((width, *local.shape[1:]))
@@ -187,6 +209,7 @@ class TimeComm(LocalComm):
         dist.all_gather(parts, padded.contiguous(), group=self.tg.group)
         return torch.cat([parts[r][:c] for r, c in zip(self.order, self.counts)])
 
+    @_timed
     def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
         value = value.clone().contiguous()
         root = self.tg.global_rank(self.order[pos])
@@ -199,6 +222,7 @@ class TimeComm(LocalComm):
     def last(self, uend: Tensor) -> Tensor:
         return self.broadcast_from(uend, len(self.order) - 1)
 
+    @_timed
     def max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         try:
@@ -207,6 +231,7 @@ class TimeComm(LocalComm):
             raise self._failed("residual reduction", [], exc) from exc
         return float(t.item())
 
+    @_timed
     def sum_(self, tensor: Tensor) -> Tensor:
         try:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
@@ -214,6 +239,7 @@ class TimeComm(LocalComm):
             raise self._failed("gradient reduction", [], exc) from exc
         return tensor
 
+    @_timed
     def recv_prev(self, like: Tensor) -> Optional[Tensor]:
         prev = self._peer(-1)
         if prev is None:
@@ -225,6 +251,7 @@ class TimeComm(LocalComm):
             raise self._failed("receiving the start state", [prev], exc) from exc
         return out
 
+    @_timed
     def send_next(self, value: Tensor) -> None:
         nxt = self._peer(1)
         if nxt is not None:
