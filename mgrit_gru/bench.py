@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from .app.config import parse_device
 from .module import GRU
 from .options import MGRIT
 
@@ -291,12 +292,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if any(T < 1 for T in args.T):
         raise ValueError(f"--T values must be >= 1, got {args.T}")
     settings = [parse_setting(s) for s in args.settings]
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as exc:
-        raise ValueError(f"--device {args.device!r}: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here")
+    device = parse_device(args.device)
     torch.set_num_threads(args.threads)
     print(
         f"mgrit-gru bench: B={args.batch} input={args.input} hidden={args.hidden} {args.dtype} "

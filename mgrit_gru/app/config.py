@@ -109,6 +109,19 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+def parse_device(text: str):
+    """``--device`` text -> torch.device, with a ValueError that names the problem."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {text!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here")
+    return device
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from ..module import GRU
-from .config import TrainConfig
+from .config import TrainConfig, parse_device
 from .datasets import Dataset, load
 
 CHECKPOINT = "checkpoint.pt"
@@ -97,13 +97,7 @@ def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:
 
 
 def _device(cfg: TrainConfig) -> torch.device:
-    try:
-        device = torch.device(cfg.device)
-    except RuntimeError as exc:
-        raise RunError(f"--device {cfg.device!r}: {exc}") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RunError("--device cuda: no CUDA device is available here")
-    return device
+    return parse_device(cfg.device)
 
 
 @dataclass

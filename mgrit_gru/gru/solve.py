@@ -144,6 +144,17 @@ def build_hierarchy(
     return Hierarchy(grids, gates, dts)
 
 
+def _solve_on(comm, grids, ops, u0, g, work, **options):
+    """The core solve on this process's part of the finest level. Without coarse levels the
+    ranks step through their slices in turn: each starts from the previous rank's end."""
+    if comm is not None and len(grids) == 1:
+        start = comm.recv_prev(u0)
+        result = solve(grids, ops, u0 if start is None else start, g, work=work)
+        comm.send_next(result.uend)
+        return result
+    return solve(grids, ops, u0, g, work=work, comm=comm, **options)
+
+
 def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where):
     """``run(grids)``; if it diverges, warn (or raise) and run the serial grid instead. The
     stats keep the diverged residual history and are marked ``fell_back``."""
@@ -252,20 +263,16 @@ def forward_solve(
         dt = None if mask is None else step_weights(fine, mask, gx)
         ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
-        if comm is not None and len(grids) == 1:  # serial across ranks: a pipeline
-            start = comm.recv_prev(h0)
-            result = solve(grids, ops, h0 if start is None else start, work=work)
-            comm.send_next(result.uend)
-            return result
-        return solve(
+        return _solve_on(
+            comm,
             grids,
             ops,
             h0,
+            None,
+            work,
             relax=options.relax,
             tol=options.tol,
             max_iters=options.max_iters,
-            work=work,
-            comm=comm,
         )
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where)
@@ -419,24 +426,19 @@ def adjoint_solve(
         u0 = f_T if fine.M == T else torch.zeros_like(f_T)
         work = workspace.buffer("bwd.u", (fine.m, fine.n, *f_T.shape), f_T)
         g0 = chunk_view(g_rev[M - fine.M :], fine)
-        if comm is not None and len(grids) == 1:  # serial across ranks: a pipeline
-            start = comm.recv_prev(u0)
-            result = solve(grids, ops, u0 if start is None else start, g0, work=work)
-            comm.send_next(result.uend)
-            return result
-        if comm is not None:  # every rank starts from the global initial value
+        if comm is not None and len(grids) > 1:  # every rank starts from the global u0
             u0 = comm.broadcast_from(u0, 0)
-        return solve(
+        return _solve_on(
+            comm,
             grids,
             ops,
             u0,
             g0,
+            work,
             relax=options.relax,
             tol=options.bwd_tol,
             max_iters=options.bwd_max_iters,
             scale=scale,
-            work=work,
-            comm=comm,
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
