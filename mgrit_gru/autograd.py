@@ -55,8 +55,8 @@ class GRULayerFunction(torch.autograd.Function):
         x, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
         tg = ctx.tg
-        if tg is not None:  # every rank's loss may use h_n: sum, and apply it at the end
-            comm = tg.comm(reverse=False)
+        comm = None if tg is None else tg.comm(reverse=False)
+        if comm is not None:  # every rank's loss may use h_n: sum, and apply it at the end
             d_hn = comm.sum_(d_hn.clone())
             if tg.rank != comm.order[-1]:
                 d_hn.zero_()
@@ -94,8 +94,7 @@ class GRULayerFunction(torch.autograd.Function):
             d_b_ih += d_gx.sum(0)
             d_b_hh += d_gh.sum(0)
         d_h0 = adj.lam_rev[T].clone()
-        if tg is not None:  # parameters and h0 are shared by the time slices
-            comm = tg.comm(reverse=False)
+        if comm is not None:  # parameters and h0 are shared by the time slices
             if not comm.first:
                 d_h0.zero_()
             for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):

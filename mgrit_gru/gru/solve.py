@@ -200,7 +200,7 @@ def _diverged(pass_: str, options: MGRIT, result: SolveResult) -> None:
     )
 
 
-def _grids(T_local: int, options: MGRIT, levels: int, front: bool, tg, spans):
+def _grids(T_local: int, options: MGRIT, levels: int, front: bool, tg):
     """The hierarchy; with a time-parallel context its finest level is this rank's chunks."""
     T = T_local if tg is None else tg.steps
     grids = build_grids(T, options.cfactor, levels or options.num_levels(T), front=front)
@@ -208,7 +208,7 @@ def _grids(T_local: int, options: MGRIT, levels: int, front: bool, tg, spans):
         return grids
     if len(grids) == 1:  # no coarse level: each rank steps through its slice in turn
         return [Grid(N=T_local, m=T_local, n=1)]
-    c0, c1 = spans[tg.rank]
+    c0, c1 = tg.spans[tg.rank]
     m = options.cfactor
     local = Grid(N=T_local, m=m, n=c1 - c0, off=((c1 - c0) * m - T_local) if front else 0)
     return [local] + grids[1:]
@@ -237,19 +237,15 @@ def forward_solve(
     """
     T, B = x.shape[:2]
     comm = None if tg is None else tg.comm(reverse=False)
-    grids = _grids(T, options, 0, False, tg, None if tg is None else tg.spans)
-    M = grids[0].M if len(grids) > 1 or tg is None else T
+    grids = _grids(T, options, 0, False, tg)
+    M = grids[0].M
     H = w_hh.shape[1]
     b_hn = None if b_hh is None else b_hh[2 * H :]
     gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
     input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[:T])
     gx[T:] = 0.0
-    w0 = step_weights(grids[0], mask, gx) if len(grids) > 1 else None
-    hier = (
-        build_hierarchy(gx, grids, options, w0, None if comm is None else comm.gather)
-        if len(grids) > 1
-        else Hierarchy(grids, [None], [None])
-    )
+    w0 = step_weights(grids[0], mask, gx)
+    hier = build_hierarchy(gx, grids, options, w0, None if comm is None else comm.gather)
     coarse_ops = [
         ForwardStep(
             g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
@@ -277,13 +273,8 @@ def forward_solve(
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where)
     points = flat_points(result.u, result.uend)[: T + 1]
-    if comm is not None:
-        if len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse levels
-            hier.c_points = torch.cat(
-                [comm.gather(result.u[0]), comm.last(result.uend).unsqueeze(0)]
-            )
-        else:
-            hier.c_points = None
+    if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
+        hier.c_points = torch.cat([comm.gather(result.u[0]), comm.last(result.uend)[None]])
     return points, hier, stats
 
 
@@ -390,8 +381,8 @@ def adjoint_solve(
     """
     T, B = x.shape[:2]
     comm = None if tg is None else tg.comm(reverse=True)
-    mgrit_grids = _grids(T, options, len(hier.grids), True, tg, None if tg is None else tg.spans)
-    M = mgrit_grids[0].M if len(mgrit_grids) > 1 or tg is None else T
+    mgrit_grids = _grids(T, options, len(hier.grids), True, tg)
+    M = mgrit_grids[0].M
     D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask)
     f_first = None
     if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
