@@ -45,8 +45,8 @@ class GRULayerFunction(torch.autograd.Function):
         ctx.tg = tg
         T = x.shape[0]
         h_n = points[T].clone()
-        if tg is not None:  # the global end state lives on the last rank
-            h_n = tg.comm(reverse=False).last(h_n)
+        if tg is not None:  # the global end state lives on the last rank (in this direction)
+            h_n = tg.comm(reverse=where[1]).last(h_n)
         return points[1:], h_n
 
     @staticmethod
@@ -55,7 +55,7 @@ class GRULayerFunction(torch.autograd.Function):
         x, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
         tg = ctx.tg
-        comm = None if tg is None else tg.comm(reverse=False)
+        comm = None if tg is None else tg.comm(reverse=ctx.where[1])
         if comm is not None:  # every rank's loss may use h_n: sum, and apply it at the end
             d_hn = comm.sum_(d_hn.clone())
             if tg.rank != comm.order[-1]:

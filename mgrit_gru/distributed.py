@@ -87,15 +87,21 @@ def _timed(method):
 
 @dataclass
 class TimeContext:
-    """One layer call's view of the time split: global T, chunk spans, the communicators."""
+    """One module call's view of the time split: global T, chunk spans, the communicators."""
 
     group: TimeGroup
     steps: int
     spans: list[tuple[int, int]]
+    cfactor: int
 
     @property
     def rank(self) -> int:
         return self.group.rank
+
+    @property
+    def start(self) -> int:
+        """The global time index of this rank's first step."""
+        return self.spans[self.rank][0] * self.cfactor
 
     def comm(self, reverse: bool) -> TimeComm:
         return TimeComm(self.group, self.spans, reverse)
@@ -108,16 +114,22 @@ class TimeContext:
         cfactor: int,
         config: str = "",
         params: Iterable[Tensor] = (),
+        lengths: Optional[Tensor] = None,
     ) -> TimeContext:
         """Global T from every rank's slice length, checked against the chunk-aligned split;
-        the ranks' ``config`` text and parameters must agree too (else a ValueError)."""
+        the ranks' ``config`` text, parameters and sequence ``lengths`` must agree too (else a
+        ValueError)."""
         params = list(params)
+        lengths_crc = -1.0
+        if lengths is not None:
+            lengths_crc = float(zlib.crc32(lengths.to("cpu", torch.int64).numpy().tobytes()))
         mine = torch.tensor(
             [
                 float(local_steps),
                 float(zlib.crc32(config.encode())),
                 sum(float(p.detach().double().sum()) for p in params),
                 sum(float(p.detach().double().square().sum()) for p in params),
+                lengths_crc,
             ],
             dtype=torch.float64,
         )
@@ -129,13 +141,21 @@ class TimeContext:
                 f"time-parallel rank {group.rank}: the start-up check failed; a rank died or "
                 f"hung past the process group's timeout ({exc})"
             ) from exc
-        for what, col in (("options", 1), ("weights", 2), ("weights", 3)):
+        same_model = (
+            "every rank must build the same model (same seed or a broadcast of rank 0's state)"
+        )
+        checks = (
+            ("options", 1, same_model),
+            ("weights", 2, same_model),
+            ("weights", 3, same_model),
+            ("lengths", 4, "every rank passes the same global lengths= for its slice"),
+        )
+        for what, col, hint in checks:
             values = [float(t[col]) for t in table]
             differ = [r for r, v in enumerate(values) if v != values[0]]
             if differ:
                 raise ValueError(
-                    f"time-parallel: rank(s) {differ} hold other {what} than rank 0; every rank "
-                    "must build the same model (same seed or a broadcast of rank 0's state)"
+                    f"time-parallel: rank(s) {differ} hold other {what} than rank 0; {hint}"
                 )
         counts = torch.tensor([int(t[0]) for t in table])
         steps = int(counts.sum())
@@ -146,7 +166,7 @@ class TimeContext:
                 f"time-parallel: the ranks' slice lengths {got} are not the chunk-aligned split "
                 f"of T={steps} for cfactor={cfactor}: {expected}; use scatter_time()"
             )
-        return cls(group, steps, chunk_spans(steps, group.size, cfactor))
+        return cls(group, steps, chunk_spans(steps, group.size, cfactor), cfactor)
 
 
 class TimeComm(LocalComm):

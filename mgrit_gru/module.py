@@ -77,8 +77,6 @@ class GRU(nn.Module):
         self.solver = as_options(solver)
         self.cell = cell
         self.time_group = time_group
-        if time_group is not None and bidirectional:
-            raise ValueError("GRU: time_group= does not support bidirectional=True yet")
         self.last_stats: Optional[RunStats] = None
         factory = {"device": device, "dtype": dtype}
         directions = 2 if bidirectional else 1
@@ -211,7 +209,7 @@ class GRU(nn.Module):
             x = x.transpose(0, 1)
         return x, hx, batched
 
-    def _check_lengths(self, lengths, T: int, B: int, batched: bool) -> Optional[Tensor]:
+    def _check_lengths(self, lengths, B: int, batched: bool) -> Optional[Tensor]:
         if lengths is None:
             return None
         if not batched:
@@ -221,13 +219,19 @@ class GRU(nn.Module):
             raise TypeError(f"GRU: lengths must be integers, got {lengths.dtype}")
         if tuple(lengths.shape) != (B,):
             raise ValueError(f"GRU: lengths must have shape ({B},), got {tuple(lengths.shape)}")
-        lengths = lengths.to("cpu", torch.long)
-        if lengths.min() < 1 or lengths.max() > T:
-            raise ValueError(
-                f"GRU: lengths must lie in [1, {T}] (the padded length), got "
-                f"min {int(lengths.min())} max {int(lengths.max())}"
-            )
-        return lengths
+        return lengths.to("cpu", torch.long)
+
+    def _time_context(self, steps: int, lengths: Optional[Tensor]):
+        """The time-parallel view of this call (None without ``time_group``); a collective
+        check that the ranks agree on the model, the options and the lengths."""
+        if self.time_group is None:
+            return None
+        from .distributed import TimeContext
+
+        config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
+        return TimeContext.for_slice(
+            self.time_group, steps, self.solver.cfactor, config, self.parameters(), lengths
+        )
 
     def forward(
         self, input, hx: Optional[Tensor] = None, *, lengths: Optional[Tensor] = None
@@ -237,6 +241,11 @@ class GRU(nn.Module):
         state stays fixed, ``h_n`` is its state at its own end and its outputs are zero."""
         packed = isinstance(input, PackedSequence)
         if packed:
+            if self.time_group is not None:
+                raise ValueError(
+                    "GRU: with time_group= pass this rank's padded time slice and the global "
+                    "lengths= (B,), not a PackedSequence"
+                )
             if lengths is not None:
                 raise ValueError("GRU: pass lengths= or a PackedSequence, not both")
             sorted_indices, unsorted_indices = input.sorted_indices, input.unsorted_indices
@@ -244,14 +253,19 @@ class GRU(nn.Module):
             input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
         x, hx, batched = self._check_input(input, hx)
         T, B = x.shape[:2]
-        lengths = self._check_lengths(lengths, T, B, batched)
-        if self.time_group is not None and (lengths is not None or packed):
-            raise ValueError("GRU: time_group= does not support variable lengths yet")
+        lengths = self._check_lengths(lengths, B, batched)
+        tg = self._time_context(T, lengths)
+        t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
+        if lengths is not None and (lengths.min() < 1 or lengths.max() > steps):
+            raise ValueError(
+                f"GRU: lengths must lie in [1, {steps}] (the padded length), got "
+                f"min {int(lengths.min())} max {int(lengths.max())}"
+            )
         mask = None
-        if lengths is not None and int(lengths.min()) < T:
-            steps = torch.arange(T).unsqueeze(1)
-            mask = (steps < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
-        out, h_n = self._run(x, hx, mask, lengths)
+        if lengths is not None and int(lengths.min()) < steps:
+            t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
+            mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
+        out, h_n = self._run(x, hx, mask, tg)
         if packed:
             order = sorted_indices if sorted_indices is not None else torch.arange(B)
             data = pack_padded_sequence(
@@ -264,34 +278,25 @@ class GRU(nn.Module):
             out = out.transpose(0, 1)
         return out, h_n
 
-    def _run(self, x: Tensor, hx: Optional[Tensor], mask, lengths) -> tuple[Tensor, Tensor]:
+    def _run(self, x: Tensor, hx: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
+        """All layers and directions. The reverse direction runs over the flipped padded
+        axis: a sequence's padding then comes first, as identity steps (mask 0) that keep h0,
+        so its real steps see the sequence reversed within its length, as in torch.nn.GRU."""
         directions = 2 if self.bidirectional else 1
-        T, B = x.shape[:2]
+        B = x.shape[1]
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
-        reverse = None  # per-sequence time reversal: t -> length - 1 - t inside each sequence
-        if directions == 2 and mask is not None:
-            t = torch.arange(T).unsqueeze(1)
-            reverse = torch.where(t < lengths, lengths - 1 - t, t).to(x.device)  # (T, B)
         record = RunStats()
         self.last_stats = record
-        tg = None
-        if self.time_group is not None:
-            from .distributed import TimeContext
-
-            config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
-            tg = TimeContext.for_slice(
-                self.time_group, T, self.solver.cfactor, config, self.parameters()
-            )
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):
             outs = []
             for direction in range(directions):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
-                seq = _reverse(layer_in, reverse) if direction else layer_in
+                flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
                 y, h_last = gru_layer(
-                    seq,
+                    flip(layer_in),
                     hx[layer * directions + direction],
                     w_ih,
                     w_hh,
@@ -301,10 +306,10 @@ class GRU(nn.Module):
                     self.solver,
                     record,
                     (layer, bool(direction)),
-                    mask,
+                    None if mask is None else flip(mask),
                     tg,
                 )
-                outs.append(_reverse(y, reverse) if direction else y)
+                outs.append(flip(y))
                 h_n.append(h_last)
             layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
             if mask is not None:
@@ -313,10 +318,3 @@ class GRU(nn.Module):
                 layer_out = F.dropout(layer_out, self.dropout, training=True)
             layer_in = layer_out
         return layer_in, torch.stack(h_n)
-
-
-def _reverse(seq: Tensor, index: Optional[Tensor]) -> Tensor:
-    """Reverse time: the whole padded axis, or each sequence within its length (``index``)."""
-    if index is None:
-        return seq.flip(0)
-    return torch.gather(seq, 0, index.unsqueeze(-1).expand_as(seq))

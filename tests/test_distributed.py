@@ -16,11 +16,16 @@ import mgrit_gru
 from mgrit_gru.distributed import TimeGroup, gather_time, scatter_time, time_slices
 
 CASES = [
-    # (T, layers, MGRIT options)
-    (203, 2, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),
-    (256, 1, dict(cfactor=8, tol=1e-12, max_iters=60, relax="F", levels=2)),
-    (97, 1, dict(cfactor=4, levels=1)),  # serial: a pipeline over the ranks
-    (150, 1, dict(cfactor=4)),  # default tolerance: iterates must match, not just converge
+    # (T, layers, bidirectional, variable lengths, MGRIT options)
+    (203, 2, False, False, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),
+    (256, 1, False, False, dict(cfactor=8, tol=1e-12, max_iters=60, relax="F", levels=2)),
+    (97, 1, False, False, dict(cfactor=4, levels=1)),  # serial: a pipeline over the ranks
+    (150, 1, False, False, dict(cfactor=4)),  # default tol: iterates must match, not just converge
+    # the reverse direction's padding sits at the front (T=203: 1 padding step, 3 levels)
+    (203, 2, True, False, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),
+    (150, 1, True, True, dict(cfactor=4, tol=1e-12, max_iters=60)),
+    (97, 2, True, True, dict(cfactor=4, levels=1)),
+    (181, 1, False, True, dict(cfactor=4)),
 ]
 
 
@@ -30,10 +35,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _grads(module, x, h0, wy, wh, loss_h):
+def _grads(module, x, h0, wy, wh, loss_h, lengths=None):
     x = x.detach().clone().requires_grad_()
     h0 = h0.detach().clone().requires_grad_()
-    y, hn = module(x, h0)
+    if isinstance(module, torch.nn.GRU) and lengths is not None:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        y, hn = module(packed, h0)
+        y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]
+    elif lengths is not None:
+        y, hn = module(x, h0, lengths=lengths)
+    else:
+        y, hn = module(x, h0)
     loss = (y * wy).sum() + (hn * wh).sum() * loss_h
     loss.backward()
     return y.detach(), hn.detach(), x.grad, h0.grad, [p.grad.clone() for p in module.parameters()]
@@ -46,20 +58,39 @@ def _worker(rank: int, size: int, port: int) -> None:
     torch.set_default_dtype(torch.float64)
     tg = TimeGroup()
     try:
-        for T, layers, opts in CASES:
+        for T, layers, bidir, varlen, opts in CASES:
             torch.manual_seed(0)
             options = mgrit_gru.MGRIT(**opts)
-            single = mgrit_gru.GRU(3, 5, num_layers=layers, solver=options)
+            kw = dict(num_layers=layers, bidirectional=bidir)
+            single = mgrit_gru.GRU(3, 5, solver=options, **kw)
             with torch.no_grad():
-                single.bias_hh_l0[5:10] += 2.0  # some memory: the coarse grid matters
-            multi = mgrit_gru.GRU(3, 5, num_layers=layers, solver=options, time_group=tg)
+                for name, p in single.named_parameters():
+                    if name.startswith("bias_hh"):
+                        p[5:10] += 2.0  # some memory: the coarse grid matters
+            multi = mgrit_gru.GRU(3, 5, solver=options, time_group=tg, **kw)
             multi.load_state_dict(single.state_dict())
-            x, h0 = torch.randn(T, 2, 3), torch.randn(layers, 2, 5)
-            wy, wh = torch.randn(T, 2, 5), torch.randn(layers, 2, 5)
-            y_r, hn_r, dx_r, dh0_r, dp_r = _grads(single, x, h0, wy, wh, 1.0)
+            D, B = 2 if bidir else 1, 3
+            x, h0 = torch.randn(T, B, 3), torch.randn(D * layers, B, 5)
+            wy, wh = torch.randn(T, B, D * 5), torch.randn(D * layers, B, 5)
+            # the lengths end on several ranks' slices, one sequence is whole
+            lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
+            ref = _grads(single, x, h0, wy, wh, 1.0, lengths)
+            y_r, hn_r, dx_r, dh0_r, dp_r = ref
+            if options.tol <= 1e-12 or options.num_levels(T) == 1:  # and torch.nn.GRU itself
+                cudnn = torch.nn.GRU(3, 5, **kw)
+                cudnn.load_state_dict(single.state_dict())
+                for a, b in zip(ref, _grads(cudnn, x, h0, wy, wh, 1.0, lengths)):
+                    for u, v in zip(a, b) if isinstance(a, list) else [(a, b)]:
+                        assert (u - v).abs().max() < 1e-8, (T, bidir, varlen)
             m = options.cfactor
             y, hn, dx, dh0, dp = _grads(
-                multi, scatter_time(x, tg, m), h0, scatter_time(wy, tg, m), wh, float(rank == 0)
+                multi,
+                scatter_time(x, tg, m),
+                h0,
+                scatter_time(wy, tg, m),
+                wh,
+                float(rank == 0),
+                lengths,
             )
             t0, t1 = time_slices(T, size, m)[rank]
             assert y.shape[0] == t1 - t0
@@ -71,7 +102,7 @@ def _worker(rank: int, size: int, port: int) -> None:
                 "dparams": max((a - b).abs().max() for a, b in zip(dp, dp_r)),
             }
             bad = {k: float(v) for k, v in errors.items() if v > 1e-10}
-            assert not bad, f"rank {rank} T={T} {opts}: {bad}"
+            assert not bad, f"rank {rank} T={T} bidir={bidir} varlen={varlen} {opts}: {bad}"
             for a, b in zip(
                 single.last_stats.forward + single.last_stats.backward,
                 multi.last_stats.forward + multi.last_stats.backward,
@@ -132,6 +163,7 @@ def _train_worker(rank: int, size: int, port: int, out: str) -> None:
         max_train=48,
         max_test=16,
         hidden=6,
+        bidirectional=True,
         batch_size=16,
         epochs=2,
         cfactor=8,

@@ -53,6 +53,17 @@ def test_module_arguments():
         mgrit_gru.GRU.from_torch(torch.nn.LSTM(3, 4))
 
 
+def test_time_parallel_refuses_packed_input_before_any_exchange():
+    from mgrit_gru.distributed import TimeGroup
+
+    gru = mgrit_gru.GRU(3, 4, time_group=TimeGroup())  # no process group: nothing may be sent
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.randn(5, 2, 3), torch.tensor([5, 3]), enforce_sorted=False
+    )
+    with pytest.raises(ValueError, match="global lengths=.*not a PackedSequence"):
+        gru(packed)
+
+
 @pytest.fixture
 def gru():
     return mgrit_gru.GRU(3, 4, num_layers=2)

@@ -77,8 +77,8 @@ class TrainConfig:
                     f"{', '.join(legal)}"
                 )
         self.solver_options()  # MGRIT validates its own fields
-        if self.time_parallel > 1 and (self.solver == "torch" or self.bidirectional):
-            raise ValueError("--time-parallel needs --solver mgrit or serial, unidirectional")
+        if self.time_parallel > 1 and self.solver == "torch":
+            raise ValueError("--time-parallel needs --solver mgrit or serial")
 
     def solver_options(self) -> Union[MGRIT, str]:
         if self.solver == "serial":

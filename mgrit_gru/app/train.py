@@ -51,12 +51,11 @@ class Classifier(nn.Module):
         self.head = nn.Linear(cfg.hidden * self.directions, classes)
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
-        if self.time_group is not None:
-            if lengths is not None:
-                raise RunError("--time-parallel does not support unequal lengths yet")
+        if self.time_group is not None:  # this rank's slice of time, the global lengths
             from ..distributed import scatter_time
 
-            _, h_n = self.rnn(scatter_time(x, self.time_group, self.cfactor, dim=1))
+            local = scatter_time(x, self.time_group, self.cfactor, dim=1)
+            _, h_n = self.rnn(local, lengths=lengths)
         elif lengths is None:
             _, h_n = self.rnn(x)
         elif isinstance(self.rnn, GRU):

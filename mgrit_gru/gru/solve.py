@@ -1,13 +1,16 @@
 """The GRU layer as MGRIT problems: the forward recurrence and its adjoint.
 
-Forward: level 0 steps with the model's own cell, padded at the end with identity steps;
-coarse level l steps from fine point ``k m^l`` with the implicit cell, ``dt`` = the number of
-real fine steps it spans and input gates averaged over them (or injected).
+Forward: level 0 steps with the model's own cell, padded with identity steps to whole chunks;
+coarse level l steps over ``m^l`` fine steps with the implicit cell, ``dt`` = the number of
+real fine steps it spans and input gates averaged over them (or injected). A layer's forward
+direction is padded at the end; its reverse direction (which runs from the last input to the
+first) at the front, so that the chunks of both directions meet at the same time points: the
+sequence start and every multiple of ``m^l`` (as time-parallel slices need).
 
 Adjoint: ``lam_i = dL/du_i + J_i^T lam_{i+1}``, reversed in time, on the same points: its
-level l is the forward level l flipped, the identity padding then at the front. Coarse adjoint
-steps are the VJPs of the coarse implicit steps, linearised at the forward state at their
-coarse point.
+level l is the forward level l flipped, the identity padding then on the other side. Coarse
+adjoint steps are the VJPs of the coarse implicit steps, linearised at the forward state at
+their coarse point.
 """
 
 from __future__ import annotations
@@ -40,15 +43,22 @@ class ForwardStep:
         if dt is not None:  # (M,) per step, or (M, B) per step and sequence: -> (m, n, ., 1)
             self.dt = chunk_view(dt, grid).reshape(grid.m, grid.n, -1, 1)
         self.w_hh, self.b_hn, self.cell = w_hh, b_hn, cell
-        # Level 0 carries no dt: its padding is the tail of the last chunk, kept as identity.
-        self.tail = grid.N - (grid.n - 1) * grid.m if dt is None and grid.M > grid.N else None
+        # Level 0 carries no dt: its padding, steps [lo, hi) of chunk c, is kept as identity.
+        self.pad = None
+        if dt is None and grid.M > grid.N:
+            last = grid.n - 1
+            self.pad = (0, 0, grid.off) if grid.off else (last, grid.N - last * grid.m, grid.m)
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         gx = self.gx if j is None else self.gx[j]
         dt = None if self.dt is None else (self.dt if j is None else self.dt[j])
         res = gru.step(u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out)
-        if self.tail is not None and (j is None or j >= self.tail):
-            res[..., -1, :, :].copy_(u[..., -1, :, :])
+        if self.pad is not None:
+            c, lo, hi = self.pad
+            if j is None:
+                res[lo:hi, c].copy_(u[lo:hi, c])
+            elif lo <= j < hi:
+                res[c].copy_(u[c])
         return res
 
 
@@ -75,13 +85,21 @@ class Hierarchy:
     grids: list[Grid]
     gates: list[Optional[Tensor]]
     dts: list[Optional[Tensor]]
+    front: bool = False  # padded at the front (a reverse direction)
     c_points: Optional[Tensor] = None  # time-parallel: all ranks' forward C-point states
 
     def coarse_points(self, points: Tensor, level: int, cfactor: int) -> Tensor:
-        """Forward states at the starts of level ``level``'s steps (fine index k m^level)."""
-        if self.c_points is None:
-            return points[0 : points.shape[0] - 1 : cfactor**level]
-        return self.c_points[0 : self.c_points.shape[0] - 1 : cfactor ** (level - 1)]
+        """Forward states at the starts of level ``level``'s real steps: from fine point 0 in
+        strides of ``m^level``, or, with front padding, back from the last point (a start
+        inside the padding is point 0)."""
+        source, stride = points, cfactor**level
+        if self.c_points is not None:  # level-1 points
+            source, stride = self.c_points, cfactor ** (level - 1)
+        last = source.shape[0] - 1
+        if not self.front:
+            return source[0:last:stride]
+        steps = torch.arange(self.grids[level].N, 0, -1, device=source.device)
+        return source[(last - stride * steps).clamp_min(0)]
 
 
 def input_gates(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], out: Optional[Tensor] = None):
@@ -126,7 +144,7 @@ def coarsen(g_fine: Tensor, w_fine: Tensor, fine: Grid, options: MGRIT) -> tuple
 
 
 def build_hierarchy(
-    gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tensor, gather=None
+    gx_pad: Tensor, grids: list[Grid], options: MGRIT, w0: Tensor, gather=None, front=False
 ) -> Hierarchy:
     """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T) and the fine
     step sizes ``w0`` ``(M_0,)`` or ``(M_0, B)``. A coarse step's ``dt`` is the number of real
@@ -141,7 +159,7 @@ def build_hierarchy(
         gates.append(gate)
         dts.append(dt)
         g_fine, w_fine = pad_steps(gate, coarse), pad_steps(dt, coarse)
-    return Hierarchy(grids, gates, dts)
+    return Hierarchy(grids, gates, dts, front)
 
 
 def _solve_on(comm, grids, ops, u0, g, work, **options):
@@ -229,23 +247,28 @@ def forward_solve(
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
     """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
-    With ``tg`` (a :class:`mgrit_gru.distributed.TimeGroup` carrying ``steps`` and ``spans``),
-    x is this rank's time slice and the returned points are its slice's.
+    ``where`` is (layer, reverse): a reverse direction gets x already flipped in time and is
+    padded at the front. With ``tg`` (a :class:`mgrit_gru.distributed.TimeContext`), x is
+    this rank's time slice and the returned points are its slice's; a reverse direction
+    passes the slices in reversed rank order.
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
     """
     T, B = x.shape[:2]
-    comm = None if tg is None else tg.comm(reverse=False)
-    grids = _grids(T, options, 0, False, tg)
-    M = grids[0].M
+    front = where[1]
+    comm = None if tg is None else tg.comm(reverse=front)
+    grids = _grids(T, options, 0, front, tg)
+    M, off = grids[0].M, grids[0].off
     H = w_hh.shape[1]
     b_hn = None if b_hh is None else b_hh[2 * H :]
     gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
-    input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[:T])
-    gx[T:] = 0.0
+    gx[:off] = 0.0
+    input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
+    gx[off + T :] = 0.0
     w0 = step_weights(grids[0], mask, gx)
-    hier = build_hierarchy(gx, grids, options, w0, None if comm is None else comm.gather)
+    gather = None if comm is None else comm.gather
+    hier = build_hierarchy(gx, grids, options, w0, gather, front)
     coarse_ops = [
         ForwardStep(
             g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
@@ -255,9 +278,10 @@ def forward_solve(
     ]
 
     def run(grids: list[Grid]) -> SolveResult:
-        fine = grids[0]
+        fine = grids[0]  # or the serial grid, without padding
         dt = None if mask is None else step_weights(fine, mask, gx)
-        ops = [ForwardStep(fine, gx[: fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
+        lo = off - fine.off
+        ops = [ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
@@ -272,7 +296,8 @@ def forward_solve(
         )
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where)
-    points = flat_points(result.u, result.uend)[: T + 1]
+    off = grids[0].off
+    points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
         hier.c_points = torch.cat([comm.gather(result.u[0]), comm.last(result.uend)[None]])
     return points, hier, stats
@@ -289,10 +314,11 @@ def time_blocks(T: int, B: int):
         yield k0, min(T, k0 + size)
 
 
-def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask=None):
-    """Adjoint coefficients of every fine step, reversed in time and front-padded to ``M``
-    steps with identity steps: step ``k`` lands at reversed index ``M - 1 - k``. The input
-    gates are recomputed per block (one small GEMM) instead of being kept from the forward.
+def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None):
+    """Adjoint coefficients of every fine step, reversed in time and padded to ``M`` steps
+    with identity steps, ``off`` of them in front: step ``k`` lands at reversed index
+    ``off + T - 1 - k``. The input gates are recomputed per block (one small GEMM) instead of
+    being kept from the forward.
 
     Returns ``D_rev`` ``(M, B, H)``, ``C_rev`` ``(M, B, 3H)`` and ``A_n`` ``(T, B, H)`` (forward
     order, only needed for the input-gate gradients), all workspace buffers.
@@ -302,35 +328,41 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask=None):
     D_rev = workspace.buffer("bwd.D", (M, B, H), points)
     C_rev = workspace.buffer("bwd.C", (M, B, 3 * H), points)
     A_n = workspace.buffer("bwd.A_n", (T, B, H), points)
-    D_rev[: M - T] = 1.0
-    C_rev[: M - T] = 0.0
+    for pad in (slice(0, off), slice(off + T, M)):
+        D_rev[pad] = 1.0
+        C_rev[pad] = 0.0
+    end = off + T
     for k0, k1 in time_blocks(T, B):
         gx = input_gates(x[k0:k1], w_ih, b_in)
         dt = None if mask is None else column(mask[k0:k1])
         lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
-        D_rev[M - k1 : M - k0] = lin.D.flip(0)
-        C_rev[M - k1 : M - k0] = lin.C.flip(0)
+        D_rev[end - k1 : end - k0] = lin.D.flip(0)
+        C_rev[end - k1 : end - k0] = lin.C.flip(0)
         A_n[k0:k1] = lin.A_n
     return D_rev, C_rev, A_n
 
 
 def reversed_forcing(
-    d_out: Tensor, d_last: Tensor, M: int, f_first: Optional[Tensor] = None
+    d_out: Tensor, d_last: Tensor, M: int, off: int, f_first: Optional[Tensor] = None
 ) -> tuple[Tensor, Tensor]:
-    """The adjoint's right-hand side in reversed time, ``g[j] = f_{M-1-j}`` ``(M, B, H)``, and
-    ``f_T`` (its initial value when no padding precedes it), where ``f_k = dL/du_k`` directly:
-    ``dL/dy_{k-1}``, plus ``dL/dh_n`` at ``k = T``, zero past T, and ``f_first`` (default
-    zero) at ``k = 0``: a time slice's first point is the previous slice's last output."""
+    """The adjoint's right-hand side in reversed time ``(M, B, H)`` with ``off`` padding steps
+    in front, and ``f_T`` (its initial value when ``off`` is 0). ``g[j]`` enters at reversed
+    point ``j + 1``, which is forward point ``k = off + T - 1 - j``; there it is
+    ``f_k = dL/du_k`` directly: ``dL/dy_{k-1}``, plus ``dL/dh_n`` at ``k = T``, and
+    ``f_first`` (default zero) at ``k = 0``: a time slice's first point is the previous
+    slice's last output. Zero in the padding."""
     T, B = d_out.shape[:2]
+    end = off + T
     g = workspace.buffer("bwd.g", (M, *d_out.shape[1:]), d_out)
-    g[: M - 1 - T] = 0.0
-    g[M - 1] = 0.0 if f_first is None else f_first
-    # dL/dy_i is f_{i+1}, at reversed index M - 2 - i; with M == T, f_T is the initial value.
-    for k0, k1 in time_blocks(min(T, M - 1), B):
-        g[M - 1 - k1 : M - 1 - k0] = d_out[k0:k1].flip(0)
+    g[: max(off - 1, 0)] = 0.0
+    g[end:] = 0.0
+    g[end - 1] = 0.0 if f_first is None else f_first
+    # dL/dy_i is f_{i+1}, at reversed index end - 2 - i (i < T - 1: f_T is handled below).
+    for k0, k1 in time_blocks(T - 1, B):
+        g[end - 1 - k1 : end - 1 - k0] = d_out[k0:k1].flip(0)
     f_T = d_out[T - 1] + d_last
-    if M > T:
-        g[M - 1 - T] = f_T
+    if off > 0:
+        g[off - 1] = f_T
     return g, f_T
 
 
@@ -376,18 +408,21 @@ def adjoint_solve(
     Args:
         points: forward points ``(T + 1, B, H)``; x: the layer input ``(T, B, I)``.
         d_out: dL/dy ``(T, B, H)``; d_last: dL/dh_n ``(B, H)``.
-        tg: time-parallel group (then all of these are this rank's slice; d_last counts only
-            on the last rank).
+        where: (layer, reverse) as for :func:`forward_solve`; all of these in that direction's
+            own time order.
+        tg: time-parallel context (then all of these are this rank's slice; d_last counts only
+            on the rank that holds the direction's last point).
     """
     T, B = x.shape[:2]
-    comm = None if tg is None else tg.comm(reverse=True)
-    mgrit_grids = _grids(T, options, len(hier.grids), True, tg)
-    M = mgrit_grids[0].M
-    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, mask)
+    reverse = where[1]
+    comm = None if tg is None else tg.comm(reverse=not reverse)
+    mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
+    M, off = mgrit_grids[0].M, mgrit_grids[0].off
+    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask)
     f_first = None
     if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
-        f_first = tg.comm(reverse=False).shift(d_out[T - 1])
-    g_rev, f_T = reversed_forcing(d_out, d_last, M, f_first)
+        f_first = tg.comm(reverse=reverse).shift(d_out[T - 1])
+    g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
     low, high = torch.aminmax(g_rev)
     scale = max(-low.item(), high.item(), f_T.abs().max().item())
     if comm is not None:
@@ -412,11 +447,12 @@ def adjoint_solve(
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
-        ops = [AdjointStep(fine, D_rev[M - fine.M :], C_rev[M - fine.M :], w_hh)]
+        lo = off - fine.off
+        ops = [AdjointStep(fine, D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M], w_hh)]
         ops += coarse_ops[: len(grids) - 1]
-        u0 = f_T if fine.M == T else torch.zeros_like(f_T)
+        u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
         work = workspace.buffer("bwd.u", (fine.m, fine.n, *f_T.shape), f_T)
-        g0 = chunk_view(g_rev[M - fine.M :], fine)
+        g0 = chunk_view(g_rev[lo : lo + fine.M], fine)
         if comm is not None and len(grids) > 1:  # every rank starts from the global u0
             u0 = comm.broadcast_from(u0, 0)
         return _solve_on(
@@ -435,7 +471,7 @@ def adjoint_solve(
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
     grids = mgrit_grids if math.isfinite(scale) else [Grid(N=T, m=T, n=1)]
     grids, result, stats = _solve_guarded("backward", options, run, grids, where)
-    Mg = grids[0].M
+    Mg, off_g = grids[0].M, grids[0].off
     lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
-    lam_rev = flat_points(result.u, result.uend, out=lam)[Mg - T :]
-    return Adjoint(lam_rev, C_rev[M - T :], A_n, stats)
+    lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
+    return Adjoint(lam_rev, C_rev[off : off + T], A_n, stats)
