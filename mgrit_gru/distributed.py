@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -53,9 +53,15 @@ class TimeGroup:
 
     Every rank calls the GRU with its own slice ``x[t0:t1]`` (see :func:`scatter_time`), and
     the same ``h0``; it gets its slice of the outputs and the global ``h_n``.
+
+    When an exchange fails (a rank died, or hung past the process group's timeout), each
+    surviving rank checks in on the group's rendezvous store and waits ``roll_call_s`` seconds
+    for the others: the error names the ranks that did not answer.
     """
 
     group: Optional[dist.ProcessGroup] = None
+    roll_call_s: float = 5.0
+    failures: int = field(default=0, compare=False)
 
     @property
     def size(self) -> int:
@@ -70,29 +76,69 @@ class TimeGroup:
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
 
-
-def _timed(method):
-    """Add the wall time of a communication method to ``TimeComm.seconds``."""
-
-    def wrapper(self, *args, **kwargs):
-        start = time.perf_counter()
+    def roll_call(self) -> Optional[list[int]]:
+        """The group ranks that do not check in within ``roll_call_s`` after a failure (the
+        survivors of one failure share its number); None if the store is unreachable too."""
+        self.failures += 1
+        ranks = [self.global_rank(r) for r in range(self.size)]
+        prefix = f"mgrit_gru/roll_call/{'-'.join(map(str, ranks))}/{self.failures}/"
         try:
-            return method(self, *args, **kwargs)
-        finally:
-            TimeComm.seconds += time.perf_counter() - start
+            store = dist.distributed_c10d._get_default_store()
+            store.set(prefix + str(ranks[self.rank]), "here")
+            deadline = time.monotonic() + self.roll_call_s
+            while True:
+                missing = [r for r, g in enumerate(ranks) if not store.check([prefix + str(g)])]
+                if not missing or time.monotonic() >= deadline:
+                    return missing
+                time.sleep(0.05)
+        except (RuntimeError, ValueError, AttributeError):
+            return None
 
-    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
-    return wrapper
+    def failed(self, what: str, exc: Exception) -> RuntimeError:
+        """The error for a failed ``what``, naming the ranks that did not answer a roll call."""
+        missing = self.roll_call()
+        if missing is None:
+            who = "the rendezvous store is unreachable too (its host died)"
+        elif missing:
+            who = (
+                f"rank(s) {missing} did not answer a roll call within {self.roll_call_s:g} s: "
+                "they died or are hanging"
+            )
+        else:
+            who = "every rank answered a roll call (a rank's calls diverged from the others')"
+        return RuntimeError(f"time-parallel rank {self.rank}: {what} failed; {who} ({exc})")
+
+
+def _exchange(what: str):
+    """A communication method: its wall time adds to ``TimeComm.seconds``; a failure (a dead
+    or hung rank) becomes :meth:`TimeGroup.failed`'s error."""
+
+    def wrap(method):
+        def wrapper(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            except RuntimeError as exc:
+                raise self.tg.failed(what, exc) from exc
+            finally:
+                TimeComm.seconds += time.perf_counter() - start
+
+        wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+        return wrapper
+
+    return wrap
 
 
 @dataclass
 class TimeContext:
-    """One module call's view of the time split: global T, chunk spans, the communicators."""
+    """One module call's view of the time split: global T, chunk spans, the communicators.
+    Its scalar exchanges use tensors on ``device`` (the data's: NCCL needs CUDA tensors)."""
 
     group: TimeGroup
     steps: int
     spans: list[tuple[int, int]]
     cfactor: int
+    device: Union[str, torch.device] = "cpu"
 
     @property
     def rank(self) -> int:
@@ -104,7 +150,7 @@ class TimeContext:
         return self.spans[self.rank][0] * self.cfactor
 
     def comm(self, reverse: bool) -> TimeComm:
-        return TimeComm(self.group, self.spans, reverse)
+        return TimeComm(self.group, self.spans, reverse, self.device)
 
     @classmethod
     def for_slice(
@@ -115,6 +161,7 @@ class TimeContext:
         config: str = "",
         params: Iterable[Tensor] = (),
         lengths: Optional[Tensor] = None,
+        device: Union[str, torch.device] = "cpu",
     ) -> TimeContext:
         """Global T from every rank's slice length, checked against the chunk-aligned split;
         the ranks' ``config`` text, parameters and sequence ``lengths`` must agree too (else a
@@ -132,15 +179,14 @@ class TimeContext:
                 lengths_crc,
             ],
             dtype=torch.float64,
+            device=device,
         )
         table = [torch.empty_like(mine) for _ in range(group.size)]
         try:
             dist.all_gather(table, mine, group=group.group)
         except RuntimeError as exc:
-            raise RuntimeError(
-                f"time-parallel rank {group.rank}: the start-up check failed; a rank died or "
-                f"hung past the process group's timeout ({exc})"
-            ) from exc
+            raise group.failed("the start-up check", exc) from exc
+        table = [t.cpu() for t in table]
         same_model = (
             "every rank must build the same model (same seed or a broadcast of rank 0's state)"
         )
@@ -166,7 +212,8 @@ class TimeContext:
                 f"time-parallel: the ranks' slice lengths {got} are not the chunk-aligned split "
                 f"of T={steps} for cfactor={cfactor}: {expected}; use scatter_time()"
             )
-        return cls(group, steps, chunk_spans(steps, group.size, cfactor), cfactor)
+        spans = chunk_spans(steps, group.size, cfactor)
+        return cls(group, steps, spans, cfactor, device)
 
 
 class TimeComm(LocalComm):
@@ -177,8 +224,14 @@ class TimeComm(LocalComm):
 
     seconds = 0.0
 
-    def __init__(self, tg: TimeGroup, spans: list[tuple[int, int]], reverse: bool = False):
-        self.tg = tg
+    def __init__(
+        self,
+        tg: TimeGroup,
+        spans: list[tuple[int, int]],
+        reverse: bool = False,
+        device: Union[str, torch.device] = "cpu",
+    ):
+        self.tg, self.device = tg, device
         size = tg.size
         self.order = list(range(size))[::-1] if reverse else list(range(size))
         n = spans[-1][1]
@@ -197,30 +250,20 @@ class TimeComm(LocalComm):
             return self.tg.global_rank(self.order[pos])
         return None
 
-    def _failed(self, what: str, peers: Iterable[Optional[int]], exc: Exception):
-        named = ", ".join(str(p) for p in peers if p is not None) or "the group"
-        return RuntimeError(
-            f"time-parallel rank {self.tg.rank}: {what} with rank(s) {named} failed; a rank "
-            f"died, hung past the process group's timeout, or diverged in its calls ({exc})"
-        )
-
-    @_timed
+    @_exchange("the boundary exchange")
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         nxt, prev = self._peer(1), self._peer(-1)
         requests, received = [], None
-        try:
-            if nxt is not None:
-                requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
-            if prev is not None:
-                received = torch.empty_like(uend)
-                requests.append(dist.irecv(received, prev, group=self.tg.group))
-            for r in requests:
-                r.wait()
-        except RuntimeError as exc:
-            raise self._failed("boundary exchange", (prev, nxt), exc) from exc
+        if nxt is not None:
+            requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
+        if prev is not None:
+            received = torch.empty_like(uend)
+            requests.append(dist.irecv(received, prev, group=self.tg.group))
+        for r in requests:
+            r.wait()
         return received
 
-    @_timed
+    @_exchange("the C-point gather")
     def gather(self, local: Tensor) -> Tensor:
         width = max(self.counts)
         padded = local.new_zeros((width, *local.shape[1:]))
@@ -229,56 +272,40 @@ class TimeComm(LocalComm):
         dist.all_gather(parts, padded.contiguous(), group=self.tg.group)
         return torch.cat([parts[r][:c] for r, c in zip(self.order, self.counts)])
 
-    @_timed
+    @_exchange("a broadcast")
     def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
         value = value.clone().contiguous()
-        root = self.tg.global_rank(self.order[pos])
-        try:
-            dist.broadcast(value, root, group=self.tg.group)
-        except RuntimeError as exc:
-            raise self._failed("broadcast", [root], exc) from exc
+        dist.broadcast(value, self.tg.global_rank(self.order[pos]), group=self.tg.group)
         return value
 
     def last(self, uend: Tensor) -> Tensor:
         return self.broadcast_from(uend, len(self.order) - 1)
 
-    @_timed
+    @_exchange("the residual reduction")
     def max(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
-        try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
-        except RuntimeError as exc:
-            raise self._failed("residual reduction", [], exc) from exc
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
         return float(t.item())
 
-    @_timed
+    @_exchange("the gradient reduction")
     def sum_(self, tensor: Tensor) -> Tensor:
-        try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
-        except RuntimeError as exc:
-            raise self._failed("gradient reduction", [], exc) from exc
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
         return tensor
 
-    @_timed
+    @_exchange("receiving the start state")
     def recv_prev(self, like: Tensor) -> Optional[Tensor]:
         prev = self._peer(-1)
         if prev is None:
             return None
         out = torch.empty_like(like)
-        try:
-            dist.recv(out, prev, group=self.tg.group)
-        except RuntimeError as exc:
-            raise self._failed("receiving the start state", [prev], exc) from exc
+        dist.recv(out, prev, group=self.tg.group)
         return out
 
-    @_timed
+    @_exchange("sending the end state")
     def send_next(self, value: Tensor) -> None:
         nxt = self._peer(1)
         if nxt is not None:
-            try:
-                dist.send(value.contiguous(), nxt, group=self.tg.group)
-            except RuntimeError as exc:
-                raise self._failed("sending the end state", [nxt], exc) from exc
+            dist.send(value.contiguous(), nxt, group=self.tg.group)
 
 
 def scatter_time(x: Tensor, tg: TimeGroup, cfactor: int, dim: int = 0) -> Tensor:

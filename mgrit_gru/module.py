@@ -221,7 +221,7 @@ class GRU(nn.Module):
             raise ValueError(f"GRU: lengths must have shape ({B},), got {tuple(lengths.shape)}")
         return lengths.to("cpu", torch.long)
 
-    def _time_context(self, steps: int, lengths: Optional[Tensor]):
+    def _time_context(self, steps: int, lengths: Optional[Tensor], device):
         """The time-parallel view of this call (None without ``time_group``); a collective
         check that the ranks agree on the model, the options and the lengths."""
         if self.time_group is None:
@@ -230,7 +230,13 @@ class GRU(nn.Module):
 
         config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
         return TimeContext.for_slice(
-            self.time_group, steps, self.solver.cfactor, config, self.parameters(), lengths
+            self.time_group,
+            steps,
+            self.solver.cfactor,
+            config,
+            self.parameters(),
+            lengths,
+            device,
         )
 
     def forward(
@@ -254,7 +260,7 @@ class GRU(nn.Module):
         x, hx, batched = self._check_input(input, hx)
         T, B = x.shape[:2]
         lengths = self._check_lengths(lengths, B, batched)
-        tg = self._time_context(T, lengths)
+        tg = self._time_context(T, lengths, x.device)
         t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
         if lengths is not None and (lengths.min() < 1 or lengths.max() > steps):
             raise ValueError(

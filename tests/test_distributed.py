@@ -126,7 +126,7 @@ def _fault_worker(rank: int, size: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=10))
     torch.set_num_threads(1)
-    tg = TimeGroup()
+    tg = TimeGroup(roll_call_s=2.0)
     opts = mgrit_gru.MGRIT(cfactor=4)
     # 1. ranks that built different models are stopped at the start, with the culprit named
     torch.manual_seed(rank)  # rank 1 gets other weights
@@ -140,13 +140,37 @@ def _fault_worker(rank: int, size: int, port: int) -> None:
     if rank == 1:
         os._exit(0)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"time-parallel rank 0: .*a rank died"):
+    with pytest.raises(RuntimeError, match=r"rank 0: .* failed; rank\(s\) \[1\] did not answer"):
         gru(x)
     assert time.monotonic() - start < 30.0
 
 
 def test_mismatch_and_dead_rank_give_clear_errors():
     mp.spawn(_fault_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+def _hang_worker(rank: int, size: int, port: int) -> None:
+    import time
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=3))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tg = TimeGroup(roll_call_s=1.0)
+    gru = mgrit_gru.GRU(3, 5, solver=mgrit_gru.MGRIT(cfactor=4), time_group=tg)
+    x = scatter_time(torch.randn(64, 2, 3), tg, 4)
+    gru(x)  # one good call first
+    if rank == 2:  # alive, but stuck elsewhere: the others time out and name it
+        time.sleep(9.0)
+        os._exit(0)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"failed; rank\(s\) \[2\] did not answer.*hang"):
+        gru(x)[0].sum().backward()
+    assert time.monotonic() - start < 8.0  # the 3 s timeout plus the 1 s roll call
+
+
+def test_hung_rank_is_named_within_the_timeout():
+    mp.spawn(_hang_worker, args=(3, _free_port()), nprocs=3, join=True)
 
 
 def _train_worker(rank: int, size: int, port: int, out: str) -> None:
