@@ -199,10 +199,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     """Rank 0 times the single-process rows while the others wait; then all ranks time the
-    time-parallel step (each repeat's time is the slowest rank's)."""
+    time-parallel step, with the coarse levels solved on every rank and on one (each repeat's
+    time is the slowest rank's)."""
     import torch.distributed as dist
 
-    from .distributed import TimeComm, init_time_parallel, scatter_time
+    from .distributed import TimeComm, TimeGroup, init_time_parallel, scatter_time
 
     tg = init_time_parallel()
     if tg.size != args.time_parallel:
@@ -221,27 +222,33 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
         Row("serial", GRU.from_torch(ref, solver="serial")),
         Row(f"{describe(opts)} 1 process", GRU.from_torch(ref, solver=opts)),
     ]
-    par = Row(f"{describe(opts)} {tg.size} ranks", GRU.from_torch(ref, solver=opts))
-    par.module.time_group = tg
+    pars = []
+    for coarse in ("replicated", "root"):
+        name = f"{describe(opts)} {tg.size} ranks, coarse {coarse}"
+        par = Row(name, GRU.from_torch(ref, solver=opts))
+        par.module.time_group = TimeGroup(tg.group, coarse=coarse)
+        par.comm_share = []
+        pars.append(par)
     x_local, wy_local = scatter_time(x, tg, opts.cfactor), scatter_time(w_y, tg, opts.cfactor)
     first = float(tg.rank == 0)
     if tg.rank == 0:
         for row in rows:
             row.y, row.grads = row.train_step(x, w_y, w_h)
-    par.train_step(x_local, wy_local, w_h * first)  # warm-up
-    comm_share = []
+    for par in pars:
+        par.train_step(x_local, wy_local, w_h * first)  # warm-up
     for _ in range(args.repeats):
         if tg.rank == 0:
             for row in rows:
                 row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), x.device))
-        dist.barrier()
-        TimeComm.seconds = 0.0
-        start = time.perf_counter()
-        par.train_step(x_local, wy_local, w_h * first)
-        own = torch.tensor([time.perf_counter() - start, TimeComm.seconds])
-        dist.all_reduce(own, op=dist.ReduceOp.MAX)
-        par.train.append(float(own[0]))
-        comm_share.append(float(own[1] / own[0]))
+        for par in pars:
+            dist.barrier()
+            TimeComm.seconds = 0.0
+            start = time.perf_counter()
+            par.train_step(x_local, wy_local, w_h * first)
+            own = torch.tensor([time.perf_counter() - start, TimeComm.seconds])
+            dist.all_reduce(own, op=dist.ReduceOp.MAX)
+            par.train.append(float(own[0]))
+            par.comm_share.append(float(own[1] / own[0]))
     if tg.rank != 0:
         return []
     base = statistics.median(rows[0].train)
@@ -252,11 +259,12 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
         f"repeats={args.repeats} zbias={args.zbias} torch {torch.__version__}"
     )
     print(
-        f"{'solver':<36} {'train ms':>9} {'x serial':>9} {'x 1-proc mgrit':>14} {'comm share':>10}"
+        f"{'solver':<48} {'train ms':>9} {'x serial':>9} {'x 1-proc mgrit':>14} {'comm share':>10}"
     )
     results = []
-    for row, share in ((rows[0], None), (rows[1], None), (par, statistics.median(comm_share))):
+    for row in rows + pars:
         t = statistics.median(row.train)
+        share = statistics.median(row.comm_share) if row in pars else None
         rec = {
             "solver": row.name,
             "T": T,
@@ -268,7 +276,7 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
         results.append(rec)
         share_text = "-" if share is None else f"{100 * share:.0f}%"
         print(
-            f"{row.name:<36} {1e3 * t:>9.1f} {base / t:>9.2f} {single / t:>14.2f} {share_text:>10}"
+            f"{row.name:<48} {1e3 * t:>9.1f} {base / t:>9.2f} {single / t:>14.2f} {share_text:>10}"
         )
     if args.json:
         with open(args.json, "w") as f:

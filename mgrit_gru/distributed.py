@@ -54,14 +54,25 @@ class TimeGroup:
     Every rank calls the GRU with its own slice ``x[t0:t1]`` (see :func:`scatter_time`), and
     the same ``h0``; it gets its slice of the outputs and the global ``h_n``.
 
+    ``coarse``: who solves the coarse levels of each V-cycle, from the gathered C-point data:
+    ``"replicated"`` (every rank, identically; no message back) or ``"root"`` (the first rank
+    in the solve's order, which then scatters each rank its C-points).
+
     When an exchange fails (a rank died, or hung past the process group's timeout), each
     surviving rank checks in on the group's rendezvous store and waits ``roll_call_s`` seconds
     for the others: the error names the ranks that did not answer.
     """
 
     group: Optional[dist.ProcessGroup] = None
+    coarse: str = "replicated"
     roll_call_s: float = 5.0
     failures: int = field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.coarse not in ("replicated", "root"):
+            raise ValueError(
+                f"TimeGroup: unknown coarse={self.coarse!r}; choose 'replicated' or 'root'"
+            )
 
     @property
     def size(self) -> int:
@@ -271,6 +282,26 @@ class TimeComm(LocalComm):
         parts = [torch.empty_like(padded) for _ in range(self.tg.size)]
         dist.all_gather(parts, padded.contiguous(), group=self.tg.group)
         return torch.cat([parts[r][:c] for r, c in zip(self.order, self.counts)])
+
+    def solve_coarse(self, solve, n: int, like: Tensor) -> Tensor:
+        if self.tg.coarse == "replicated":
+            return super().solve_coarse(solve, n, like)
+        full = solve() if self.first else None
+        c0, c1 = self.spans[self.tg.rank]
+        return self._scatter_coarse(full, like)[: c1 - c0 + 1]
+
+    @_exchange("the coarse-solution scatter")
+    def _scatter_coarse(self, full: Optional[Tensor], like: Tensor) -> Tensor:
+        width = max(self.counts) + 1
+        out = like.new_empty((width, *like.shape))
+        pieces = None
+        if full is not None:  # the root: each rank's C-points c0 .. c1, padded to one width
+            pieces = [full.new_zeros(out.shape) for _ in range(self.tg.size)]
+            for piece, (c0, c1) in zip(pieces, self.spans):
+                piece[: c1 - c0 + 1] = full[c0 : c1 + 1]
+        root = self.tg.global_rank(self.order[0])
+        dist.scatter(out, pieces, src=root, group=self.tg.group)
+        return out
 
     @_exchange("a broadcast")
     def broadcast_from(self, value: Tensor, pos: int) -> Tensor:

@@ -56,9 +56,13 @@ def _worker(rank: int, size: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=size, timeout=timedelta(seconds=60))
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    tg = TimeGroup()
+    replicated, root = TimeGroup(), TimeGroup(coarse="root")
     try:
-        for T, layers, bidir, varlen, opts in CASES:
+        # every case with the coarse levels solved on every rank; two also on one rank
+        for tg, (T, layers, bidir, varlen, opts) in [(replicated, c) for c in CASES] + [
+            (root, CASES[0]),
+            (root, CASES[5]),
+        ]:
             torch.manual_seed(0)
             options = mgrit_gru.MGRIT(**opts)
             kw = dict(num_layers=layers, bidirectional=bidir)
@@ -102,7 +106,7 @@ def _worker(rank: int, size: int, port: int) -> None:
                 "dparams": max((a - b).abs().max() for a, b in zip(dp, dp_r)),
             }
             bad = {k: float(v) for k, v in errors.items() if v > 1e-10}
-            assert not bad, f"rank {rank} T={T} bidir={bidir} varlen={varlen} {opts}: {bad}"
+            assert not bad, f"rank {rank} {tg.coarse} T={T} {bidir=} {varlen=} {opts}: {bad}"
             for a, b in zip(
                 single.last_stats.forward + single.last_stats.backward,
                 multi.last_stats.forward + multi.last_stats.backward,

@@ -62,6 +62,8 @@ def test_time_parallel_refuses_packed_input_before_any_exchange():
     )
     with pytest.raises(ValueError, match="global lengths=.*not a PackedSequence"):
         gru(packed)
+    with pytest.raises(ValueError, match="unknown coarse='one'; choose 'replicated' or 'root'"):
+        TimeGroup(coarse="one")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ The coarsest level is solved exactly by stepping through it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
@@ -61,6 +61,13 @@ class LocalComm:
     def last(self, uend: Tensor) -> Tensor:
         """The global last point (held by the last rank) on every rank."""
         return uend
+
+    def solve_coarse(self, solve: Callable[[], Tensor], n: int, like: Tensor) -> Tensor:
+        """Run the coarse-grid solve (``solve()`` gives all level-1 points ``(N + 1, *S)``)
+        and return this rank's ``n`` C-points and the next (``c0 .. c1``, both ends, of
+        :meth:`span`). Here every rank runs it."""
+        c0, c1 = self.span(n)
+        return solve()[c0 : c1 + 1]
 
     def max(self, value: float) -> float:
         return value
@@ -127,14 +134,21 @@ class _Solver:
         ``propagated`` holds Phi_l(last F-point of chunk c) + g: the values C-points 1..n would
         take after a C-relaxation.
         """
-        coarse, Mc, off = self.grids[level + 1], self.grids[level + 1].M, self.grids[level + 1].off
         if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs
-            c0, c1 = self.comm.span(u.shape[1])
             c_points = torch.cat([self.comm.gather(u[0]), self.comm.last(uend).unsqueeze(0)])
             propagated = self.comm.gather(propagated)
+            solve = lambda: self.coarse_solve(level, c_points, propagated)  # noqa: E731
+            solved = self.comm.solve_coarse(solve, u.shape[1], uend)
         else:
-            c0, c1 = 0, u.shape[1]
             c_points = torch.cat([u[0], uend.unsqueeze(0)])  # (n + 1, *S)
+            solved = self.coarse_solve(level, c_points, propagated)
+        u[0] = solved[:-1]
+        uend.copy_(solved[-1])
+
+    def coarse_solve(self, level: int, c_points: Tensor, propagated: Tensor) -> Tensor:
+        """The FAS coarse problem of level ``level``'s C-points ``(n + 1, *S)``, solved by a
+        V-cycle on level ``level + 1``: the corrected C-points ``(n + 1, *S)``."""
+        coarse, Mc, off = self.grids[level + 1], self.grids[level + 1].M, self.grids[level + 1].off
         n = c_points.shape[0] - 1
         v_flat = c_points.new_empty((Mc + 1, *c_points.shape[1:]))
         v_flat[:off] = c_points[0]
@@ -148,9 +162,7 @@ class _Solver:
         g_flat[off : off + n] = propagated - phi_flat[off : off + n]
         g_c = to_chunks(g_flat, coarse)
         self.vcycle(level + 1, v, vend, g_c)
-        solved = flat_points(v, vend)
-        u[0] = solved[off + c0 : off + c1]
-        uend.copy_(solved[off + c1])
+        return flat_points(v, vend)[off : off + n + 1]
 
     def vcycle(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
         if level == len(self.grids) - 1:
