@@ -14,9 +14,11 @@ import statistics
 import time
 from dataclasses import asdict, fields
 from datetime import datetime, timezone
+from typing import Optional
 
 import torch
 
+from . import memory
 from .app.config import parse_device
 from .module import GRU
 from .options import MGRIT
@@ -117,9 +119,11 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), device))
     serial = next(r for r in rows if r.name == "serial")
     base = {r.name: statistics.median(r.train) for r in rows}
+    peaks = {r.name: _peak(r, T, args) for r in rows}
     results = []
     for row in rows:
         train = statistics.median(row.train)
+        peak = peaks[row.name]
         rec = {
             "T": T,
             "solver": row.name,
@@ -133,6 +137,10 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             "bwd_iters": row.stats.backward_iterations if row.stats else None,
             "fwd_residual": row.stats.forward_residual if row.stats else None,
             "fell_back": row.stats.fell_back if row.stats else None,
+            "peak_mb": peak,
+            "peak_vs_torch": None
+            if peak is None or peaks.get("torch.nn.GRU") is None
+            else peak / peaks["torch.nn.GRU"],
             "options": asdict(row.opts) if row.opts else None,
         }
         results.append(rec)
@@ -140,9 +148,29 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
     return results
 
 
+def _peak(row: Row, T: int, args) -> Optional[float]:
+    """The row's training-step peak memory (MB, a fresh process), or None when not asked."""
+    if args.no_memory or not memory.supported(args.device):
+        return None
+    solver = {"torch.nn.GRU": "torch", "serial": "serial"}.get(row.name, "mgrit")
+    return memory.step_peak_mb(
+        solver,
+        T,
+        args.batch,
+        args.input,
+        args.hidden,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        seed=args.seed,
+        zbias=args.zbias,
+        options=asdict(row.opts) if row.opts else None,
+    )
+
+
 HEADER = (
     f"{'T':>6} {'solver':<28} {'fwd ms':>8} {'train ms':>9} {'x torch':>8} {'x serial':>9} "
-    f"{'it f/b':>6} {'max|dy|':>8} {'rel dgrad':>9}"
+    f"{'it f/b':>6} {'max|dy|':>8} {'rel dgrad':>9} {'peak MB':>8} {'/torch':>6}"
 )
 
 
@@ -150,10 +178,12 @@ def format_row(r: dict) -> str:
     its = "-" if r["fwd_iters"] is None else f"{r['fwd_iters']}/{r['bwd_iters']}"
     if r.get("fell_back"):
         its += "!"
+    peak = "-" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"
+    ratio = "-" if r.get("peak_vs_torch") is None else f"{r['peak_vs_torch']:.2f}"
     return (
         f"{r['T']:>6} {r['solver']:<28} {1e3 * r['fwd_s']:>8.1f} {1e3 * r['train_s']:>9.1f} "
         f"{r['speedup_vs_torch']:>8.2f} {r['speedup_vs_serial']:>9.2f} {its:>6} "
-        f"{r['max_abs_y_err']:>8.1e} {r['rel_grad_err']:>9.1e}"
+        f"{r['max_abs_y_err']:>8.1e} {r['rel_grad_err']:>9.1e} {peak:>8} {ratio:>6}"
     )
 
 
@@ -185,6 +215,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help='MGRIT rows: "default" or "cfactor=16,relax=F,..." (default: %(default)s)',
     )
     p.add_argument("--no-torch", action="store_true", help="skip the torch.nn.GRU row")
+    p.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the peak-memory column (one fresh process per row and length)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     p.add_argument(
@@ -314,7 +349,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     )
     print(
         "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "
-        "the training step; errors against the serial solve"
+        "the training step; errors against the serial solve; peak MB = the step's peak memory "
+        "(fresh process: resident-set high-water growth on CPU, max_memory_allocated on CUDA)"
     )
     print(HEADER)
     results = []

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from mgrit_gru import memory
 from mgrit_gru.cli import main
 
 
@@ -35,6 +36,7 @@ def test_bench_table_and_json(tmp_path, capsys):
         "cfactor=4,tol=1e-7",
         "--json",
         str(path),
+        "--no-memory",
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -54,6 +56,17 @@ def test_bench_table_and_json(tmp_path, capsys):
     serial = [r for r in rows if r["solver"] == "serial"][0]
     assert serial["speedup_vs_serial"] == 1.0 and serial["max_abs_y_err"] == 0.0
     assert data["meta"]["threads"] == 1
+    assert all(r["peak_mb"] is None for r in rows)
+
+
+@pytest.mark.skipif(not memory.supported("cpu"), reason="needs Linux /proc/self/clear_refs")
+def test_peak_memory_probe_measures_the_step():
+    small = memory.step_peak_mb("mgrit", 512, 4, 8, 32, options={"cfactor": 8})
+    large = memory.step_peak_mb("mgrit", 16384, 4, 8, 32, options={"cfactor": 8})
+    torch_large = memory.step_peak_mb("torch", 16384, 4, 8, 32)
+    # a step at T=16384 holds at least its outputs, their gradient and the saved states
+    assert large - small > 3 * 16384 * 4 * 32 * 4 / 2**20
+    assert torch_large > 3 * 16384 * 4 * 32 * 4 / 2**20
 
 
 @pytest.mark.parametrize(
