@@ -23,7 +23,7 @@ from .app.config import parse_device
 from .module import GRU
 from .options import MGRIT
 
-DEFAULT_SETTINGS = ["default", "cfactor=16", "cfactor=64"]
+DEFAULT_SETTINGS = ["default", "cfactor=auto", "cfactor=16", "cfactor=64"]
 
 
 def parse_setting(spec: str) -> MGRIT:

@@ -228,6 +228,11 @@ class GRU(nn.Module):
             return None
         from .distributed import TimeContext
 
+        if self.solver.cfactor == "auto":
+            raise ValueError(
+                "GRU: time_group= needs an integer cfactor (the ranks' slices are aligned to "
+                "it), not cfactor='auto'"
+            )
         config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
         return TimeContext.for_slice(
             self.time_group,
@@ -294,6 +299,7 @@ class GRU(nn.Module):
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
         record = RunStats()
         self.last_stats = record
+        solver = self.solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):
@@ -309,7 +315,7 @@ class GRU(nn.Module):
                     b_ih,
                     b_hh,
                     self.cell,
-                    self.solver,
+                    solver,
                     record,
                     (layer, bool(direction)),
                     None if mask is None else flip(mask),

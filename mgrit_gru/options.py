@@ -37,7 +37,9 @@ class MGRIT:
     """Options of the multigrid-reduction-in-time solve of one GRU layer.
 
     Args:
-        cfactor: coarsening factor m: level l keeps every m-th point of level l-1 (>= 2).
+        cfactor: coarsening factor m: level l keeps every m-th point of level l-1 (>= 2), or
+            ``"auto"``: chosen per call from T, batch, hidden size and device by
+            :func:`auto_cfactor`.
         levels: number of time grids (1 = the exact serial solve), or ``"auto"``: coarsen
             until the coarsest grid has at most ``cfactor`` intervals.
         relax: ``"F"`` (F-relaxation) or ``"FCF"`` (F, then C, then F).
@@ -56,7 +58,7 @@ class MGRIT:
     ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
     """
 
-    cfactor: int = 32
+    cfactor: Union[int, Literal["auto"]] = 32
     levels: Union[int, Literal["auto"]] = "auto"
     relax: Literal["F", "FCF"] = "FCF"
     tol: float = 1e-5
@@ -67,7 +69,10 @@ class MGRIT:
     on_divergence: Literal["fallback", "raise"] = "fallback"
 
     def __post_init__(self) -> None:
-        _check_int("cfactor", self.cfactor, 2)
+        if self.cfactor != "auto":
+            m = self.cfactor
+            if isinstance(m, bool) or not isinstance(m, int) or m < 2:
+                raise _bad("cfactor", m, "expected an integer >= 2 or 'auto'")
         if self.levels != "auto":
             _check_int("levels", self.levels, 1)
         if self.relax not in RELAX_CHOICES:
@@ -102,8 +107,16 @@ class MGRIT:
     def bwd_max_iters(self) -> int:
         return self.max_iters if self.backward_max_iters is None else self.backward_max_iters
 
+    def resolve(self, steps: int, batch: int, hidden: int, device: str = "cpu") -> MGRIT:
+        """These options for one call: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
+        if self.cfactor != "auto":
+            return self
+        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device))
+
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""
+        if self.cfactor == "auto":
+            raise ValueError("MGRIT: cfactor='auto' must be resolved first (MGRIT.resolve)")
         if self.levels != "auto":
             return self.levels
         levels, n = 1, steps
@@ -114,6 +127,29 @@ class MGRIT:
 
     def replace(self, **changes: object) -> MGRIT:
         return replace(self, **changes)
+
+
+# The cost model of cfactor="auto" (README, "Automatic settings"; checked by
+# benchmarks/auto_settings.py). A V-cycle's time is dominated by the relaxation sweeps: m - 1
+# sequential batched steps per sweep, each over the T/m chunks' B rows at once. Per row, a
+# batched step is cheapest when its working set (about 4H floats per row) stays in the core's
+# cache: ROWS_PER_STEP * 64 / H rows, measured on the CPU; fewer rows per step pay the fixed
+# per-step overhead more often. Chunks shorter than MIN_CFACTOR steps leave an untrained GRU's
+# state too little room to forget its (wrong) start within a chunk, so the default tolerance
+# then needs V-cycles that longer chunks avoid.
+ROWS_PER_STEP = {"cpu": 1024, "cuda": 65536}  # cuda: not calibrated (no GPU measured)
+MIN_CFACTOR, MAX_CFACTOR = 32, 512
+
+
+def auto_cfactor(steps: int, batch: int, hidden: int, device: str = "cpu") -> int:
+    """The chunk length m for ``cfactor="auto"``: the power of two nearest to
+    ``steps * batch / rows``, with ``rows = ROWS_PER_STEP[device] * 64 / hidden`` rows per
+    batched step, clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
+    kind = str(device).split(":")[0]
+    rows = ROWS_PER_STEP.get(kind, ROWS_PER_STEP["cpu"]) * 64 / max(hidden, 1)
+    ideal = max(steps * batch / rows, 1.0)
+    m = 2 ** round(math.log2(ideal))
+    return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 
 
 def as_options(solver: object) -> MGRIT:

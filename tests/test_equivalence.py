@@ -70,6 +70,16 @@ def test_mgrit_long_memory_equals_torch(relax, cfactor, levels, coarse_gates):
     assert stats.forward_iterations >= 2  # the hard case needs real cycles
 
 
+def test_auto_cfactor_is_resolved_per_call_and_exact_to_tolerance():
+    ref = make_ref(3, 6)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor="auto", levels="auto"))
+    x, h0 = torch.randn(5000, 2, 3), torch.randn(1, 2, 6)
+    assert max(max_errors(ref, ours, x, h0)) < 1e-8
+    # the model picks m = 32 here (5000 * 2 rows are few): 5000 -> 157 -> 5 steps, 3 levels
+    assert [s.levels for s in ours.last_stats.forward] == [3]
+    assert ours.solver.cfactor == "auto"  # the module keeps the request, not one call's pick
+
+
 def test_mgrit_multilayer_bidirectional_batch_first_unbatched():
     ref = make_ref(3, 5, layers=2, bidirectional=True, batch_first=True, zbias=2.0)
     ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4))

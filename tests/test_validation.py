@@ -14,6 +14,7 @@ from mgrit_gru import MGRIT
     [
         (dict(cfactor=1), r"invalid cfactor=1; expected an integer >= 2"),
         (dict(cfactor=2.5), r"invalid cfactor=2.5"),
+        (dict(cfactor="fast"), r"invalid cfactor='fast'; expected an integer >= 2 or 'auto'"),
         (dict(levels=0), r"invalid levels=0; expected an integer >= 1"),
         (dict(levels="many"), r"invalid levels='many'"),
         (dict(relax="C"), r"invalid relax='C'; choose one of \('F', 'FCF'\)"),
@@ -64,6 +65,30 @@ def test_time_parallel_refuses_packed_input_before_any_exchange():
         gru(packed)
     with pytest.raises(ValueError, match="unknown coarse='one'; choose 'replicated' or 'root'"):
         TimeGroup(coarse="one")
+    auto = mgrit_gru.GRU(3, 4, solver=MGRIT(cfactor="auto"), time_group=TimeGroup())
+    with pytest.raises(ValueError, match="time_group= needs an integer cfactor"):
+        auto(torch.randn(5, 2, 3))
+
+
+def test_auto_cfactor_follows_the_cost_model():
+    from mgrit_gru.options import auto_cfactor
+
+    # CPU: about 1024 rows (of H=64) per batched step, chunks of 32 to 512 steps
+    assert [auto_cfactor(T, 4, 64) for T in (100, 1024, 4096, 16384, 65536)] == [
+        32,
+        32,
+        32,
+        64,
+        256,
+    ]
+    assert auto_cfactor(16384, 4, 256) == 256 and auto_cfactor(16384, 16, 64) == 256
+    assert auto_cfactor(10**7, 64, 64) == 512
+    assert auto_cfactor(65536, 4, 64, "cuda:0") == 32
+    opts = MGRIT(cfactor="auto", tol=1e-7)
+    resolved = opts.resolve(16384, 4, 64, "cpu")
+    assert resolved == MGRIT(cfactor=64, tol=1e-7) and MGRIT(cfactor=8).resolve(9, 9, 9) is not None
+    with pytest.raises(ValueError, match="cfactor='auto' must be resolved first"):
+        opts.num_levels(100)
 
 
 @pytest.fixture
