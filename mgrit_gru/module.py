@@ -249,7 +249,23 @@ class GRU(nn.Module):
     ) -> tuple:
         """``y, h_n = gru(x, h0)`` as ``torch.nn.GRU``; ``x`` may be a ``PackedSequence`` (then
         ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
-        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero."""
+        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero.
+
+        Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
+        the parameters' dtype: a floating input (and h0) of another dtype, such as bf16 from
+        an autocast layer before it, is cast to it, and the outputs come in that dtype."""
+        param = self.weight_ih_l0
+        if _autocast_enabled(param.device.type):
+            with torch.autocast(param.device.type, enabled=False):
+                data = input.data if isinstance(input, PackedSequence) else input
+                if isinstance(data, Tensor) and data.is_floating_point():
+                    input = input.to(param.dtype)
+                if isinstance(hx, Tensor) and hx.is_floating_point():
+                    hx = hx.to(param.dtype)
+                return self._forward(input, hx, lengths)
+        return self._forward(input, hx, lengths)
+
+    def _forward(self, input, hx: Optional[Tensor], lengths: Optional[Tensor]) -> tuple:
         packed = isinstance(input, PackedSequence)
         if packed:
             if self.time_group is not None:
@@ -330,3 +346,12 @@ class GRU(nn.Module):
                 layer_out = F.dropout(layer_out, self.dropout, training=True)
             layer_in = layer_out
         return layer_in, torch.stack(h_n)
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_enabled()

@@ -197,3 +197,19 @@ def test_two_calls_before_backward_keep_their_own_results():
         results.append([ya, yb, hna, hnb, *torch.autograd.grad(loss, leaves)])
     for a, b in zip(*results):
         assert (a - b).abs().max() < 1e-8
+
+
+def test_autocast_bf16_runs_the_solve_in_the_parameters_dtype():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 8).float()
+    gru = mgrit_gru.GRU(8, 16, dtype=torch.float32)
+    x = torch.randn(300, 2, 4, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        u = lin(x)
+        assert u.dtype == torch.bfloat16  # an autocast layer before the GRU
+        y, h_n = gru(u)
+    assert y.dtype == h_n.dtype == torch.float32
+    (y.sum() + h_n.sum()).backward()
+    assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
+    y_fp32, _ = gru(u.detach().float())
+    assert torch.equal(y.detach(), y_fp32.detach())
