@@ -19,6 +19,7 @@ import warnings
 import torch
 
 from mgrit_gru import GRU, MGRIT
+from mgrit_gru.bench import problem
 
 CFACTORS = (8, 16, 32, 64, 128)
 LEVELS = (2, 3, 4)
@@ -50,13 +51,7 @@ def main() -> None:
         f"torch {torch.__version__}"
     )
     for T in args.T:
-        torch.manual_seed(0)
-        ref = torch.nn.GRU(args.input, args.hidden)
-        if args.zbias:
-            with torch.no_grad():
-                ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
-        x = torch.randn(T, args.batch, args.input)
-        w_y, w_h = torch.randn(T, args.batch, args.hidden), torch.randn(1, args.batch, args.hidden)
+        ref, x, w_y, w_h = problem(T, args.batch, args.input, args.hidden, zbias=args.zbias)
         serial = GRU.from_torch(ref, solver="serial")
         y_ref = step(serial, x, w_y, w_h)
         auto = MGRIT(cfactor="auto", levels="auto")

@@ -71,6 +71,21 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def problem(T, batch, input_size, hidden, *, zbias=0.0, seed=0, dtype=None, device="cpu"):
+    """The benchmark's problem: a seeded random-init ``torch.nn.GRU`` (z-gate biases raised
+    by ``zbias``: long memory), input ``x`` and loss weights ``w_y``, ``w_h``."""
+    dtype = dtype or torch.float32
+    torch.manual_seed(seed)
+    ref = torch.nn.GRU(input_size, hidden, dtype=dtype, device=device)
+    if zbias:
+        with torch.no_grad():
+            ref.bias_hh_l0[hidden : 2 * hidden] += zbias
+    x = torch.randn(T, batch, input_size, dtype=dtype).to(device)
+    w_y = torch.randn(T, batch, hidden, dtype=dtype).to(device)
+    w_h = torch.randn(1, batch, hidden, dtype=dtype).to(device)
+    return ref, x, w_y, w_h
+
+
 class Row:
     def __init__(self, name, module, opts=None):
         self.name, self.module, self.opts = name, module, opts
@@ -94,15 +109,17 @@ def _rel(a, b) -> float:
 
 
 def bench_one_length(T, args, settings, log=print) -> list[dict]:
-    torch.manual_seed(args.seed)
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
-    ref = torch.nn.GRU(args.input, args.hidden, dtype=dtype, device=device)
-    if args.zbias:
-        with torch.no_grad():
-            ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
-    x = torch.randn(T, args.batch, args.input, dtype=dtype).to(device)
-    w_y = torch.randn(T, args.batch, args.hidden, dtype=dtype).to(device)
-    w_h = torch.randn(1, args.batch, args.hidden, dtype=dtype).to(device)
+    ref, x, w_y, w_h = problem(
+        T,
+        args.batch,
+        args.input,
+        args.hidden,
+        zbias=args.zbias,
+        seed=args.seed,
+        dtype=dtype,
+        device=device,
+    )
     rows = []
     if not args.no_torch:
         rows.append(Row("torch.nn.GRU", ref))
@@ -246,13 +263,9 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
     opts = parse_setting(args.settings[0])
     T = args.T[0] if args.T != [1024, 4096, 16384] else 65536
-    torch.manual_seed(args.seed)
-    ref = torch.nn.GRU(args.input, args.hidden)
-    if args.zbias:
-        with torch.no_grad():
-            ref.bias_hh_l0[args.hidden : 2 * args.hidden] += args.zbias
-    x = torch.randn(T, args.batch, args.input)
-    w_y, w_h = torch.randn(T, args.batch, args.hidden), torch.randn(1, args.batch, args.hidden)
+    ref, x, w_y, w_h = problem(
+        T, args.batch, args.input, args.hidden, zbias=args.zbias, seed=args.seed
+    )
     rows = [
         Row("serial", GRU.from_torch(ref, solver="serial")),
         Row(f"{describe(opts)} 1 process", GRU.from_torch(ref, solver=opts)),

@@ -80,28 +80,30 @@ def _status_mb(field: str) -> float:
 def _probe_main() -> None:
     import torch
 
+    from .bench import problem
     from .module import GRU
     from .options import MGRIT
 
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(spec["threads"])
     dtype, device = getattr(torch, spec["dtype"]), torch.device(spec["device"])
-    torch.manual_seed(spec["seed"])
-    hidden = spec["hidden"]
-    ref = torch.nn.GRU(spec["input"], hidden, dtype=dtype, device=device)
-    if spec["zbias"]:
-        with torch.no_grad():
-            ref.bias_hh_l0[hidden : 2 * hidden] += spec["zbias"]
+    ref, x, w_y, w_h = problem(
+        spec["T"],
+        spec["batch"],
+        spec["input"],
+        spec["hidden"],
+        zbias=spec["zbias"],
+        seed=spec["seed"],
+        dtype=dtype,
+        device=device,
+    )
+    x.requires_grad_()
     if spec["solver"] == "torch":
         model = ref
     elif spec["solver"] == "serial":
         model = GRU.from_torch(ref, solver="serial")
     else:
         model = GRU.from_torch(ref, solver=MGRIT(**(spec["options"] or {})))
-    T, B = spec["T"], spec["batch"]
-    x = torch.randn(T, B, spec["input"], dtype=dtype, device=device, requires_grad=True)
-    w_y = torch.randn(T, B, hidden, dtype=dtype, device=device)
-    w_h = torch.randn(1, B, hidden, dtype=dtype, device=device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
