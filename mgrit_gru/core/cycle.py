@@ -13,6 +13,7 @@ The coarsest level is solved exactly by stepping through it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ class _Solver:
         if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs
             c_points = torch.cat([self.comm.gather(u[0]), self.comm.last(uend).unsqueeze(0)])
             propagated = self.comm.gather(propagated)
-            solve = lambda: self.coarse_solve(level, c_points, propagated)  # noqa: E731
+            solve = functools.partial(self.coarse_solve, level, c_points, propagated)
             solved = self.comm.solve_coarse(solve, u.shape[1], uend)
         else:
             c_points = torch.cat([u[0], uend.unsqueeze(0)])  # (n + 1, *S)
