@@ -20,9 +20,9 @@ def _bad(field: str, value: object, legal: str) -> ValueError:
     return ValueError(f"MGRIT: invalid {field}={value!r}; {legal}")
 
 
-def _check_int(field: str, value: object, low: int) -> None:
+def _check_int(field: str, value: object, low: int, alternative: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad(field, value, f"expected an integer >= {low}")
+        raise _bad(field, value, f"expected an integer >= {low}{alternative}")
 
 
 def _check_tol(field: str, value: object) -> None:
@@ -70,9 +70,7 @@ class MGRIT:
 
     def __post_init__(self) -> None:
         if self.cfactor != "auto":
-            m = self.cfactor
-            if isinstance(m, bool) or not isinstance(m, int) or m < 2:
-                raise _bad("cfactor", m, "expected an integer >= 2 or 'auto'")
+            _check_int("cfactor", self.cfactor, 2, " or 'auto'")
         if self.levels != "auto":
             _check_int("levels", self.levels, 1)
         if self.relax not in RELAX_CHOICES:
