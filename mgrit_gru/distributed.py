@@ -11,6 +11,7 @@ same way with the rank order reversed. Weight gradients are summed over the grou
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from collections.abc import Iterable
@@ -125,6 +126,7 @@ def _exchange(what: str):
     or hung rank) becomes :meth:`TimeGroup.failed`'s error."""
 
     def wrap(method):
+        @functools.wraps(method)
         def wrapper(self, *args, **kwargs):
             start = time.perf_counter()
             try:
@@ -134,7 +136,6 @@ def _exchange(what: str):
             finally:
                 TimeComm.seconds += time.perf_counter() - start
 
-        wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
         return wrapper
 
     return wrap
