@@ -36,8 +36,9 @@ class GRULayerFunction(torch.autograd.Function):
         mask: Optional[Tensor],
         tg,
     ):
+        keep = options.keep_gates and any(ctx.needs_input_grad[:6])
         points, hier, stats = forward_solve(
-            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep
         )
         record.forward.append(stats)
         ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
@@ -120,6 +121,8 @@ def gru_layer(
 ):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
     (the state stays fixed there, so ``h_n`` is each sequence's state at its own end)."""
+    if options.keep_gates and not torch.is_grad_enabled():  # no backward will read them
+        options = options.replace(keep_gates=False)
     return GRULayerFunction.apply(
         x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg
     )

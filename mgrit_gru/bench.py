@@ -39,6 +39,9 @@ def parse_setting(spec: str) -> MGRIT:
             raise ValueError(
                 f"bad MGRIT setting {item!r} in {spec!r}; use key=value with keys {sorted(known)}"
             )
+        if value.lower() in ("true", "false"):
+            kwargs[key] = value.lower() == "true"
+            continue
         for convert in (int, float):
             try:
                 kwargs[key] = convert(value)

@@ -54,6 +54,9 @@ class MGRIT:
             interval's first point (``"inject"``, as in the paper's code).
         on_divergence: a non-finite or growing residual either makes the call
             ``"fallback"`` to the exact serial solve (with one warning) or ``"raise"``.
+        keep_gates: the forward keeps every fine step's gates (4H floats per step and
+            sequence) so that the backward linearises without GEMMs; ``False`` recomputes
+            them in the backward instead, when memory is the limit.
 
     ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
     """
@@ -67,6 +70,7 @@ class MGRIT:
     backward_max_iters: int | None = None
     coarse_gates: Literal["average", "inject"] = "average"
     on_divergence: Literal["fallback", "raise"] = "fallback"
+    keep_gates: bool = True
 
     def __post_init__(self) -> None:
         if self.cfactor != "auto":
@@ -87,6 +91,8 @@ class MGRIT:
             raise _bad(
                 "on_divergence", self.on_divergence, f"choose one of {ON_DIVERGENCE_CHOICES}"
             )
+        if not isinstance(self.keep_gates, bool):
+            raise _bad("keep_gates", self.keep_gates, "expected True or False")
 
     @classmethod
     def serial(cls) -> MGRIT:

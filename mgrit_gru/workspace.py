@@ -4,8 +4,12 @@ On the CPU a large fresh tensor is paid for in page faults on first touch: writi
 new memory took 23 ms here against 4.5 ms into memory already mapped. The solves therefore take
 their large temporaries from a per-thread pool keyed by name, grown on demand and kept between
 calls (like cuDNN's workspace). CUDA tensors come from torch's caching allocator as usual.
-``release()`` frees the pool. A buffer must never escape the solve that took it: anything saved
-for backward or returned to the caller is a fresh tensor.
+``release()`` frees the pool. A :func:`buffer` must never escape the solve that took it.
+
+Tensors that live from a forward to its backward (the kept gates) are *leased* instead:
+:func:`lease` hands out a pooled tensor that no one else holds, :func:`give_back` returns it
+once its last reader is done. One that is never given back (a graph dropped before its
+backward) is simply freed with its owner.
 """
 
 from __future__ import annotations
@@ -39,6 +43,31 @@ def buffer(name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
     return flat[:numel].view(shape)
 
 
+MAX_FREE = 8  # leased tensors kept for reuse, per dtype
+
+
+def lease(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """An uninitialised tensor of ``shape`` that the caller owns until :func:`give_back`."""
+    if like.device.type != "cpu":
+        return like.new_empty(shape)
+    numel = math.prod(shape)
+    free = _pool().setdefault(("lease", like.dtype), [])
+    for i, flat in enumerate(free):
+        if flat.numel() >= numel:
+            return free.pop(i)[:numel].view(shape)
+    return torch.empty(shape, dtype=like.dtype)
+
+
+def give_back(tensor: Tensor) -> None:
+    """Return a tensor from :func:`lease`; the caller must not use it afterwards."""
+    if tensor.device.type != "cpu":
+        return
+    free = _pool().setdefault(("lease", tensor.dtype), [])
+    if len(free) < MAX_FREE:
+        base = tensor if tensor._base is None else tensor._base
+        free.append(base.view(-1))
+
+
 def release() -> None:
     """Free every pooled buffer of this thread."""
     _pool().clear()
@@ -46,4 +75,8 @@ def release() -> None:
 
 def held_bytes() -> int:
     """Bytes currently held by this thread's pool."""
-    return sum(t.numel() * t.element_size() for t in _pool().values())
+    return sum(
+        t.numel() * t.element_size()
+        for v in _pool().values()
+        for t in (v if isinstance(v, list) else [v])
+    )

@@ -77,3 +77,24 @@ def test_linearisation_matches_autograd(cell, dt):
     grads = gru.gate_grads(lam, lin.C, lin.A_n)
     assert torch.allclose(grads.d_gx, d_gx, atol=1e-13)
     assert torch.allclose(grads.d_gh.t() @ h.detach(), d_w, atol=1e-13)
+
+
+@pytest.mark.parametrize("cell,dt", [("classic", None), ("implicit", 9.0), ("classic", 0.5)])
+def test_kept_gates_give_the_same_step_and_linearisation(cell, dt):
+    _, w_ih, w_hh, b_ih, b_hh = params()
+    w_hh, b_hn = w_hh.detach(), b_hh[12:].detach()
+    h, gx = torch.randn(3, 5, 6), torch.randn(3, 5, 18)
+    dts = None if dt is None else torch.full((3, 5, 1), dt)
+    # a strided destination, as the forward's chunk layout hands it
+    keep = torch.full((5, 3, 24), float("nan")).transpose(0, 1)
+    out = gru.step(h, gx, w_hh, b_hn, cell, dts, keep=keep)
+    assert torch.allclose(out, gru.step(h, gx, w_hh, b_hn, cell, dts), atol=1e-15, rtol=0)
+    gh = h @ w_hh.t()
+    r = torch.sigmoid(gx[..., :6] + gh[..., :6])
+    ghn = gh[..., 12:] + b_hn
+    expected = [r, torch.sigmoid(gx[..., 6:12] + gh[..., 6:12]), torch.tanh(gx[..., 12:] + r * ghn)]
+    for got, want in zip(keep.split(6, dim=-1), expected + [ghn]):
+        assert torch.allclose(got, want, atol=1e-14)
+    lin, kept = gru.linearise(h, gx, w_hh, b_hn, cell, dts), gru.linearise_kept(h, keep, cell, dts)
+    for a, b in zip(lin, kept):
+        assert torch.allclose(a, b, atol=1e-14)

@@ -213,3 +213,72 @@ def test_autocast_bf16_runs_the_solve_in_the_parameters_dtype():
     assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
     y_fp32, _ = gru(u.detach().float())
     assert torch.equal(y.detach(), y_fp32.detach())
+
+
+@pytest.mark.parametrize(
+    "solver,cell,varlen,bidirectional",
+    [
+        ("serial", "classic", False, False),
+        ("FCF", "classic", False, True),
+        ("F", "implicit", False, False),
+        ("FCF", "classic", True, True),
+    ],
+)
+def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bidirectional):
+    """keep_gates=True (the default: the backward linearises from the forward's gates) and
+    False (recomputes them) give the same outputs and gradients; the kept path is taken."""
+    from mgrit_gru.gru import cell as gru
+
+    calls = []
+    kept_fn = gru.linearise_kept
+    monkeypatch.setattr(gru, "linearise_kept", lambda *a: calls.append(1) or kept_fn(*a))
+    T, B = 150, 3
+    x = torch.randn(T, B, 3)
+    lengths = torch.tensor([150, 97, 41]) if varlen else None
+    wy = torch.randn(T, B, 10 if bidirectional else 5)
+    results = []
+    for keep in (True, False):
+        opts = tight(levels=1) if solver == "serial" else tight(relax=solver, cfactor=8)
+        torch.manual_seed(1)
+        ours = mgrit_gru.GRU(3, 5, 2, cell=cell, bidirectional=bidirectional)
+        ours.solver = opts.replace(keep_gates=keep)
+        leaf = x.clone().requires_grad_()
+        y, h_n = ours(leaf, lengths=lengths)
+        loss = (y * wy).sum() + h_n.sum()
+        results.append([y, h_n, *torch.autograd.grad(loss, [leaf, *ours.parameters()])])
+        assert bool(calls) == keep
+        calls.clear()
+    for a, b in zip(*results):
+        assert (a - b).abs().max() < 1e-10
+
+
+def test_second_backward_after_the_kept_gates_were_reused():
+    """The kept gates go back to the workspace after the first backward and a later call may
+    overwrite them: a second backward (retain_graph) then recomputes the gates."""
+    ours = mgrit_gru.GRU(3, 6, solver=tight(cfactor=8))
+    x = torch.randn(200, 2, 3, requires_grad=True)
+    y, h_n = ours(x)
+    loss = (y * torch.randn_like(y)).sum() + h_n.sum()
+    first = torch.autograd.grad(loss, [x, *ours.parameters()], retain_graph=True)
+    y2, _ = ours(torch.randn(200, 2, 3))  # takes the pooled gates over
+    y2.sum().backward()
+    second = torch.autograd.grad(loss, [x, *ours.parameters()])
+    for a, b in zip(first, second):
+        assert (a - b).abs().max() < 1e-12
+
+
+def test_inference_keeps_no_gates(monkeypatch):
+    from mgrit_gru import workspace
+
+    leased = []
+    lease = workspace.lease
+    monkeypatch.setattr(workspace, "lease", lambda *a: leased.append(1) or lease(*a))
+    ours = mgrit_gru.GRU(3, 6, solver=tight(cfactor=8))
+    x = torch.randn(100, 2, 3)
+    with torch.no_grad():
+        ours(x)
+    ours.requires_grad_(False)
+    ours(x)
+    assert not leased
+    ours(x.requires_grad_())
+    assert leased

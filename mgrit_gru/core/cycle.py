@@ -32,6 +32,10 @@ class Propagator(Protocol):
         ``j`` an int: step ``j`` of every chunk; ``u`` has shape ``(n, *S)``.
         ``j`` None: every step at once; ``u`` has shape ``(m, n, *S)`` in chunk layout.
         Steps outside the grid's real range must be the identity.
+
+        A propagator that records something per step for later use (the forward GRU steps
+        keep their gates for the backward) may expose a boolean attribute ``recording``: the
+        cycle sets it False during sweeps whose F-points the next sweep overwrites.
         """
         ...
 
@@ -92,12 +96,20 @@ class _Solver:
         self.comm = comm
 
     # -- relaxation ---------------------------------------------------------------------
-    def f_relax(self, level: int, u: Tensor, g: Optional[Tensor]) -> None:
+    def f_relax(self, level: int, u: Tensor, g: Optional[Tensor], provisional=False) -> None:
+        """F-relaxation; ``provisional``: the next F-relaxation overwrites its F-points."""
         op = self.ops[level]
-        for j in range(self.grids[level].m - 1):
-            op(u[j], j, out=u[j + 1])
-            if g is not None:
-                u[j + 1].add_(g[j])
+        recording = getattr(op, "recording", None)
+        if provisional and recording:
+            op.recording = False
+        try:
+            for j in range(self.grids[level].m - 1):
+                op(u[j], j, out=u[j + 1])
+                if g is not None:
+                    u[j + 1].add_(g[j])
+        finally:
+            if recording is not None:
+                op.recording = recording
 
     def propagate_last(self, level: int, u: Tensor, g: Optional[Tensor]) -> Tensor:
         """Phi applied at the last step of every chunk: the candidate C-points 1..n."""
@@ -119,8 +131,9 @@ class _Solver:
         self.set_c_points(level, u, uend, self.propagate_last(level, u, g))
 
     def smooth(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
-        self.f_relax(level, u, g)
-        if self.relax == "FCF":
+        fcf = self.relax == "FCF"
+        self.f_relax(level, u, g, provisional=fcf)
+        if fcf:
             self.c_relax(level, u, uend, g)
             self.f_relax(level, u, g)
 

@@ -9,8 +9,10 @@ for all steps) and ``gh = W_hh h + b_hh``::
     classic step  (torch.nn.GRU, forward Euler with dt = 1):  theta = dt (1 - z)
     implicit step (Moon & Cyr 2022; stable for any dt):        theta = dt (1 - z) / (1 + dt (1 - z))
 
-``dt = 0`` is the identity step (used to pad grids). The vector-Jacobian product of one step
-is linear in the incoming adjoint ``lam``::
+``dt = 0`` is the identity step (used to pad grids). A step can keep its gates for the
+backward: ``[r, z, n, gh_n]`` (4H per row, :data:`KEPT`), from which :func:`linearise_kept`
+needs no GEMM. The vector-Jacobian product of one step is linear in the incoming adjoint
+``lam``::
 
     J^T lam = D * lam + (C * [lam, lam, lam]) @ W_hh
 
@@ -25,7 +27,10 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from .. import workspace
+
 CELLS = ("classic", "implicit")
+KEPT = 4  # kept gates per hidden unit: r, z, n and gh_n = W_hn h + b_hn
 
 
 def recurrent_gates(h: Tensor, w_hh: Tensor, b_hh: Optional[Tensor]) -> Tensor:
@@ -64,6 +69,7 @@ def step(
     cell: str,
     dt: Optional[Tensor] = None,
     out: Optional[Tensor] = None,
+    keep: Optional[Tensor] = None,
 ) -> Tensor:
     """One GRU step for a batch of states.
 
@@ -75,17 +81,29 @@ def step(
         cell: ``"classic"`` or ``"implicit"``.
         dt: step sizes broadcastable to ``(..., 1)``; None means 1.
         out: optional output ``(..., H)``.
+        keep: optional ``(..., 4H)`` (any strides) that receives the step's gates
+            ``[r, z, n, gh_n]`` for :func:`linearise_kept`.
     """
     H = h.shape[-1]
     flat = h.reshape(-1, H)
     rows = flat.shape[0]
+    # The kept gates are computed in a contiguous scratch and copied out in one go: writing
+    # them piecemeal into the (strided, cache-cold) destination cost more here.
+    gates = None if keep is None else workspace.buffer("step.kept", (rows, KEPT * H), h)
     # r, z: the input gates enter as addmm's bias term, fused into the GEMM.
     pre_rz = gx[..., : 2 * H].reshape(rows, 2 * H)
-    rz = torch.addmm(pre_rz, flat, w_hh[: 2 * H].t()).sigmoid_().view(*h.shape[:-1], 2 * H)
+    w_rz, w_n = w_hh[: 2 * H].t(), w_hh[2 * H :].t()
+    rz_out, n_out = (None, None) if gates is None else (gates[:, : 2 * H], gates[:, 3 * H :])
+    rz = torch.addmm(pre_rz, flat, w_rz, out=rz_out).sigmoid_().view(*h.shape[:-1], 2 * H)
     r, z = rz[..., :H], rz[..., H:]
-    w_n = w_hh[2 * H :].t()
-    ghn = (flat @ w_n if b_hn is None else torch.addmm(b_hn, flat, w_n)).view(h.shape)
-    n = tanh_(torch.addcmul(gx[..., 2 * H :], r, ghn))
+    if b_hn is None:
+        ghn = torch.mm(flat, w_n, out=n_out).view(h.shape)
+    else:
+        ghn = torch.addmm(b_hn, flat, w_n, out=n_out).view(h.shape)
+    n_pre = None if gates is None else gates[:, 2 * H : 3 * H].view(h.shape)
+    n = tanh_(torch.addcmul(gx[..., 2 * H :], r, ghn, out=n_pre))
+    if keep is not None:
+        keep.copy_(gates.view(keep.shape))
     if cell == "classic" and dt is None:
         return torch.lerp(n, h, z, out=out)  # n + z (h - n) = h + (1 - z)(n - h)
     theta = torch.rsub(z, 1.0)
@@ -111,13 +129,26 @@ def linearise(
     dt: Optional[Tensor] = None,
 ) -> Linearisation:
     """Adjoint coefficients of :func:`step` at states ``h`` (any leading shape, all at once);
-    arguments as for :func:`step`."""
+    arguments as for :func:`step`. The gates are recomputed (one GEMM)."""
     H = h.shape[-1]
     gh = recurrent_gates(h, w_hh, None)
     rz = torch.sigmoid(gh[..., : 2 * H] + gx[..., : 2 * H])
     r, z = rz[..., :H], rz[..., H:]
     ghn = gh[..., 2 * H :] if b_hn is None else gh[..., 2 * H :] + b_hn
     n = tanh_(torch.addcmul(gx[..., 2 * H :], r, ghn))
+    return _coefficients(h, r, z, n, ghn, cell, dt)
+
+
+def linearise_kept(h: Tensor, kept: Tensor, cell: str, dt: Optional[Tensor] = None):
+    """:func:`linearise` from the gates ``[r, z, n, gh_n]`` ``(..., 4H)`` that :func:`step`
+    kept when it stepped from ``h``: elementwise work only."""
+    H = h.shape[-1]
+    r, z, n, ghn = kept.split(H, dim=-1)
+    return _coefficients(h, r, z, n, ghn, cell, dt)
+
+
+def _coefficients(h, r, z, n, ghn, cell: str, dt: Optional[Tensor]) -> Linearisation:
+    H = h.shape[-1]
     w = torch.rsub(z, 1.0) if dt is None else torch.rsub(z, 1.0).mul_(dt)  # dt (1 - z)
     K_z = h - n if dt is None else (h - n).mul_(dt)  # will be dh'/dz
     if cell == "classic":  # theta = w: dtheta/dz = -dt
@@ -128,7 +159,7 @@ def linearise(
         theta = w.mul_(D)
         K_z.mul_(D * D)
     A_n = (1.0 - n * n).mul_(theta)
-    C = torch.empty_like(gh)
+    C = h.new_empty((*h.shape[:-1], 3 * H))
     torch.mul(A_n, ghn, out=C[..., :H]).mul_(r).mul_(1.0 - r)
     torch.mul(K_z, z, out=C[..., H : 2 * H]).mul_(1.0 - z)
     torch.mul(A_n, r, out=C[..., 2 * H :])

@@ -37,8 +37,12 @@ class DivergenceError(RuntimeError):
 class ForwardStep:
     """Propagator of a forward level: GRU steps with gates ``(M, B, 3H)`` and sizes ``dt``."""
 
-    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None):
+    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None, keep=None):
         self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
+        # keep (M, B, 4H): where every step leaves its gates for the backward (level 0);
+        # the cycle turns `recording` off for sweeps that a later one overwrites
+        self.keep = None if keep is None else chunk_view(keep, grid)
+        self.recording = keep is not None
         self.dt = None
         if dt is not None:  # (M,) per step, or (M, B) per step and sequence: -> (m, n, ., 1)
             self.dt = chunk_view(dt, grid).reshape(grid.m, grid.n, -1, 1)
@@ -52,7 +56,10 @@ class ForwardStep:
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         gx = self.gx if j is None else self.gx[j]
         dt = None if self.dt is None else (self.dt if j is None else self.dt[j])
-        res = gru.step(u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out)
+        keep = None
+        if self.recording:
+            keep = self.keep if j is None else self.keep[j]
+        res = gru.step(u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out, keep=keep)
         if self.pad is not None:
             c, lo, hi = self.pad
             if j is None:
@@ -79,7 +86,9 @@ class Hierarchy:
     """Forward grids and the coarse levels' (real, unpadded) gates and step sizes.
 
     ``gates[l]`` ``(N_l, B, 3H)`` and ``dts[l]`` ``(N_l,)`` for levels ``l >= 1``; index 0 is
-    None: the fine gates are recomputed where needed rather than kept.
+    None: the fine input gates are recomputed where needed rather than kept. ``kept``: the
+    fine steps' gates ``[r, z, n, gh_n]`` ``(T, B, 4H)`` from the forward's last sweep (a
+    leased workspace tensor, see :func:`release_kept`), or None: recomputed in the backward.
     """
 
     grids: list[Grid]
@@ -87,6 +96,13 @@ class Hierarchy:
     dts: list[Optional[Tensor]]
     front: bool = False  # padded at the front (a reverse direction)
     c_points: Optional[Tensor] = None  # time-parallel: all ranks' forward C-point states
+    kept: Optional[Tensor] = None
+
+    def release_kept(self) -> None:
+        """Hand the kept gates back to the workspace (a later backward recomputes them)."""
+        if self.kept is not None:
+            workspace.give_back(self.kept)
+            self.kept = None
 
     def coarse_points(self, points: Tensor, level: int, cfactor: int) -> Tensor:
         """Forward states at the starts of level ``level``'s real steps: from fine point 0 in
@@ -244,13 +260,15 @@ def forward_solve(
     where=(0, False),
     mask: Optional[Tensor] = None,
     tg=None,
+    keep: bool = False,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
     """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
     ``where`` is (layer, reverse): a reverse direction gets x already flipped in time and is
     padded at the front. With ``tg`` (a :class:`mgrit_gru.distributed.TimeContext`), x is
     this rank's time slice and the returned points are its slice's; a reverse direction
-    passes the slices in reversed rank order.
+    passes the slices in reversed rank order. ``keep``: the fine steps of the last sweep
+    keep their gates for the backward (``hier.kept``).
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
@@ -269,6 +287,7 @@ def forward_solve(
     w0 = step_weights(grids[0], mask, gx)
     gather = None if comm is None else comm.gather
     hier = build_hierarchy(gx, grids, options, w0, gather, front)
+    kept = workspace.lease((M, B, gru.KEPT * H), gx) if keep else None
     coarse_ops = [
         ForwardStep(
             g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
@@ -281,7 +300,8 @@ def forward_solve(
         fine = grids[0]  # or the serial grid, without padding
         dt = None if mask is None else step_weights(fine, mask, gx)
         lo = off - fine.off
-        ops = [ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt)] + coarse_ops
+        k = None if kept is None else kept[lo : lo + fine.M]
+        ops = [ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k)] + coarse_ops
         work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
@@ -296,6 +316,8 @@ def forward_solve(
         )
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where)
+    if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
+        hier.kept = kept[off : off + T]
     off = grids[0].off
     points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
@@ -314,11 +336,11 @@ def time_blocks(T: int, B: int):
         yield k0, min(T, k0 + size)
 
 
-def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None):
+def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None, kept=None):
     """Adjoint coefficients of every fine step, reversed in time and padded to ``M`` steps
     with identity steps, ``off`` of them in front: step ``k`` lands at reversed index
-    ``off + T - 1 - k``. The input gates are recomputed per block (one small GEMM) instead of
-    being kept from the forward.
+    ``off + T - 1 - k``. From the forward's ``kept`` gates ``(T, B, 4H)`` when given (no
+    GEMM), else recomputed per block (two small GEMMs: input and recurrent gates).
 
     Returns ``D_rev`` ``(M, B, H)``, ``C_rev`` ``(M, B, 3H)`` and ``A_n`` ``(T, B, H)`` (forward
     order, only needed for the input-gate gradients), all workspace buffers.
@@ -333,9 +355,12 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
         C_rev[pad] = 0.0
     end = off + T
     for k0, k1 in time_blocks(T, B):
-        gx = input_gates(x[k0:k1], w_ih, b_in)
         dt = None if mask is None else column(mask[k0:k1])
-        lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
+        if kept is not None:
+            lin = gru.linearise_kept(points[k0:k1], kept[k0:k1], cell, dt)
+        else:
+            gx = input_gates(x[k0:k1], w_ih, b_in)
+            lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
         D_rev[end - k1 : end - k0] = lin.D.flip(0)
         C_rev[end - k1 : end - k0] = lin.C.flip(0)
         A_n[k0:k1] = lin.A_n
@@ -418,7 +443,10 @@ def adjoint_solve(
     comm = None if tg is None else tg.comm(reverse=not reverse)
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
-    D_rev, C_rev, A_n = fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask)
+    D_rev, C_rev, A_n = fine_coefficients(
+        points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
+    )
+    hier.release_kept()
     f_first = None
     if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
         f_first = tg.comm(reverse=reverse).shift(d_out[T - 1])
