@@ -282,3 +282,20 @@ def test_inference_keeps_no_gates(monkeypatch):
     assert not leased
     ours(x.requires_grad_())
     assert leased
+
+
+def test_kept_gates_come_from_the_sweep_that_made_the_output():
+    """At a loose tolerance one FCF relaxation ends the solve; its first F-sweep started
+    from the initial guess, so gates kept from it would be far off. The kept ones must be the
+    final sweep's: then they match recomputing at the output to the residual's order."""
+    torch.manual_seed(3)
+    ours = mgrit_gru.GRU(3, 6)
+    x = torch.randn(640, 2, 3)
+    grads = []
+    for keep in (True, False):
+        ours.solver = mgrit_gru.MGRIT(cfactor=32, tol=1e-4, keep_gates=keep)
+        leaf = x.clone().requires_grad_()
+        y, h_n = ours(leaf)
+        grads.append(torch.autograd.grad(y.sum() + h_n.sum(), [leaf, *ours.parameters()]))
+        assert ours.last_stats.forward[0].iterations == 0
+    assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-5
