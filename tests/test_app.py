@@ -308,3 +308,17 @@ def test_train_on_unequal_lengths(tmp_path):
     except datasets.DatasetError as exc:
         pytest.skip(str(exc))
     assert rows[0]["fwd_iters_mean"] >= 0 and 0 <= rows[0]["test_acc"] <= 1
+
+
+def test_resume_a_run_from_before_a_config_field_existed(tmp_path):
+    """Runs written before `keep_gates` existed resume with its default."""
+    run = tmp_path / "old"
+    train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=lambda *a: None)
+    old = TrainConfig(**{**SMALL, "epochs": 1}).to_dict()
+    del old["keep_gates"]
+    (run / "config.json").write_text(json.dumps(old))
+    state = load_checkpoint(run)
+    state["config"] = old
+    torch.save(state, run / "checkpoint.pt")
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    assert load_checkpoint(run)["epoch"] == 2

@@ -38,6 +38,10 @@ class TrainConfig:
     backward_tol: Optional[float] = None
     backward_max_iters: Optional[int] = None
     coarse_gates: str = field(default="average", metadata=_choice("average", "inject"))
+    keep_gates: bool = field(
+        default=True,
+        metadata={"help": "keep the gates for the backward (--no-keep-gates: recompute them)"},
+    )
     optimizer: str = field(default="adam", metadata=_choice("adam", "sgd", "rmsprop"))
     lr: float = 5e-3
     weight_decay: float = 0.0
@@ -80,9 +84,9 @@ class TrainConfig:
         if self.time_parallel > 1 and self.solver == "torch":
             raise ValueError("--time-parallel needs --solver mgrit or serial")
 
-    def solver_options(self) -> Union[MGRIT, str]:
+    def solver_options(self) -> MGRIT:
         if self.solver == "serial":
-            return "serial"
+            return MGRIT.serial().replace(keep_gates=self.keep_gates)
         return MGRIT(
             cfactor=self.cfactor,
             levels=self.levels,
@@ -92,6 +96,7 @@ class TrainConfig:
             backward_tol=self.backward_tol,
             backward_max_iters=self.backward_max_iters,
             coarse_gates=self.coarse_gates,
+            keep_gates=self.keep_gates,
         )
 
     def to_dict(self) -> dict:

@@ -268,7 +268,11 @@ def train(
     state = None
     if resume:
         state = load_checkpoint(run)
-        if state["config"] != {**cfg.to_dict(), "epochs": state["config"]["epochs"]}:
+        try:  # a run from before a config field existed gets its default
+            saved = TrainConfig.from_dict(state["config"]).to_dict()
+        except (TypeError, ValueError) as exc:
+            raise RunError(f"checkpoint in {run} holds an invalid config: {exc}") from exc
+        if saved != {**cfg.to_dict(), "epochs": saved["epochs"]}:
             raise RunError(f"checkpoint in {run} was written by another config than config.json")
     else:
         if (run / CHECKPOINT).exists():
