@@ -42,15 +42,37 @@ def _compare(args: argparse.Namespace) -> None:
     base = TrainConfig(**overrides)
     out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
     solvers = ["serial", "mgrit"] + (["torch"] if args.with_torch else [])
+    dataset = train.load_data(base).describe()
+    if not args.seeds:
+        path = report.write_compare_report(out, _compare_runs(base, out, solvers, args), dataset)
+        print(f"report: {path}")
+        return
+    if len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds: repeated seed in {args.seeds}")
+    if "seed" in overrides:
+        raise ValueError("give either --seed or --seeds")
+    per_seed = {}
+    for seed in args.seeds:
+        folder = out / f"seed-{seed}"
+        cfg = base.replace(seed=seed)
+        runs = _compare_runs(cfg, folder, solvers, args)
+        report.write_compare_report(folder, runs, dataset)
+        per_seed[seed] = runs
+    path = report.write_seeds_report(out, per_seed, dataset)
+    print(f"report: {path}")
+
+
+def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dict:
+    from .app import report, train
+
     runs = {}
     for solver in solvers:
         cfg = base.replace(solver=solver)
-        print(f"== {solver} ==")
+        print(f"== {solver} (seed {cfg.seed}) ==")
         history = train.train(cfg, out / solver, progress=not args.no_progress)
         report.write_run_report(out / solver, cfg, history, train.load_data(cfg).describe())
         runs[solver] = (cfg, history)
-    path = report.write_compare_report(out, runs, train.load_data(base).describe())
-    print(f"report: {path}")
+    return runs
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -98,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
         _compare,
     )
     p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        metavar="SEED",
+        help="repeat the comparison for each seed (folders seed-S) and summarise: mean and "
+        "spread of the accuracy gap and of the time ratio",
+    )
 
     p = sub.add_parser("eval", help="evaluate a run's saved model on a test split")
     p.add_argument("run", help="run folder")

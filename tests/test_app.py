@@ -322,3 +322,30 @@ def test_resume_a_run_from_before_a_config_field_existed(tmp_path):
     torch.save(state, run / "checkpoint.pt")
     assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
     assert load_checkpoint(run)["epoch"] == 2
+
+
+def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
+    out = tmp_path / "seeds"
+    small = {k: v for k, v in SMALL.items() if k != "seed"}
+    argv = ["compare", *_flags({**small, "epochs": 1}), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--seeds", "3", "4"]) == 0
+    report = (out / "report.md").read_text()
+    finals = {}
+    for seed in (3, 4):
+        for solver in ("serial", "mgrit"):
+            row = json.loads((out / f"seed-{seed}" / solver / "metrics.jsonl").read_text())
+            assert (
+                json.loads((out / f"seed-{seed}" / solver / "config.json").read_text())["seed"]
+                == seed
+            )
+            finals[seed, solver] = 100 * row["test_acc"]
+        gap = finals[seed, "mgrit"] - finals[seed, "serial"]
+        assert (
+            f"| {seed} | {finals[seed, 'serial']:.1f} | {finals[seed, 'mgrit']:.1f} | {gap:+.1f} |"
+            in report
+        )
+    assert "MGRIT minus serial:" in report and "standard error" in report
+    assert main([*argv, "--seeds", "3", "3"]) == 2
+    assert "repeated seed" in capsys.readouterr().err
+    assert main([*argv, "--seeds", "5", "--seed", "1"]) == 2
+    assert "either --seed or --seeds" in capsys.readouterr().err
