@@ -29,6 +29,12 @@ from ..options import MGRIT
 from ..stats import SolveStats
 from . import cell as gru
 
+# Work buffers that the forward and the backward share (a layer's forward solve and a backward
+# never run inside one another): the forward's input gates and the adjoint's coefficients C
+# (both 3H per step), the level-0 states of either solve in chunk layout. The backward's
+# other buffers have their own names.
+WIDE, CHUNKS = "gates 3H", "level-0 chunks"
+
 
 class DivergenceError(RuntimeError):
     """Raised for a diverging MGRIT solve when ``MGRIT(on_divergence="raise")``."""
@@ -295,7 +301,7 @@ def forward_solve(
     M, off = grids[0].M, grids[0].off
     H = w_hh.shape[1]
     b_hn = None if b_hh is None else b_hh[2 * H :]
-    gx = workspace.buffer("fwd.gx", (M, B, w_ih.shape[0]), x)
+    gx = workspace.buffer(WIDE, (M, B, w_ih.shape[0]), x)
     gx[:off] = 0.0
     input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
     gx[off + T :] = 0.0
@@ -321,7 +327,7 @@ def forward_solve(
         wide = kept is not None and _worth_keeping(grids, B, steps)
         k = kept[lo : lo + fine.M] if wide else None
         ops = [ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k)] + coarse_ops
-        work = workspace.buffer("fwd.u", (fine.m, fine.n, *h0.shape), h0)
+        work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
             grids,
@@ -369,7 +375,7 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
     T, B, H = x.shape[0], x.shape[1], points.shape[-1]
     b_in, b_hn = gru.fold_bias(b_ih, b_hh, H), None if b_hh is None else b_hh[2 * H :]
     D_rev = workspace.buffer("bwd.D", (M, B, H), points)
-    C_rev = workspace.buffer("bwd.C", (M, B, 3 * H), points)
+    C_rev = workspace.buffer(WIDE, (M, B, 3 * H), points)
     A_n = workspace.buffer("bwd.A_n", (T, B, H), points)
     for pad in (slice(0, off), slice(off + T, M)):
         D_rev[pad] = 1.0
@@ -500,7 +506,7 @@ def adjoint_solve(
         ops = [AdjointStep(fine, D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M], w_hh)]
         ops += coarse_ops[: len(grids) - 1]
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
-        work = workspace.buffer("bwd.u", (fine.m, fine.n, *f_T.shape), f_T)
+        work = workspace.buffer(CHUNKS, (fine.m, fine.n, *f_T.shape), f_T)
         g0 = chunk_view(g_rev[lo : lo + fine.M], fine)
         if comm is not None and len(grids) > 1:  # every rank starts from the global u0
             u0 = comm.broadcast_from(u0, 0)
