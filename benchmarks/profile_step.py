@@ -1,6 +1,7 @@
 """Where a training step spends its time: wall-clock per stage of forward and backward.
 
-    python benchmarks/profile_step.py [--T 16384] [--zbias 0] [--torch-profiler]
+    python benchmarks/profile_step.py [--T 16384] [--zbias 0] [--setting default]
+                                      [--torch-profiler]
 
 Stages are timed by wrapping the library's own functions (one thread, fp32, B=4, I=32, H=64);
 --torch-profiler prints torch.profiler's operator table instead.
@@ -16,6 +17,7 @@ import torch
 
 import mgrit_gru
 from mgrit_gru import autograd as glue
+from mgrit_gru.bench import parse_setting
 from mgrit_gru.core import cycle
 from mgrit_gru.gru import cell, solve
 
@@ -41,10 +43,11 @@ def main() -> None:
     p.add_argument("--zbias", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--torch-profiler", action="store_true")
+    p.add_argument("--setting", default="default", help="MGRIT options, as bench's --settings")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    gru = mgrit_gru.GRU(32, 64)
+    gru = mgrit_gru.GRU(32, 64, solver=parse_setting(args.setting))
     with torch.no_grad():
         gru.bias_hh_l0[64:128] += args.zbias
     x = torch.randn(args.T, 4, 32, requires_grad=True)
@@ -77,7 +80,7 @@ def main() -> None:
         step()
         total += time.perf_counter() - start
     print(
-        f"T={args.T} zbias={args.zbias} threads=1: "
+        f"T={args.T} zbias={args.zbias} setting={args.setting} threads=1: "
         f"training step {1e3 * total / args.repeats:.1f} ms"
     )
     print(gru.last_stats.summary())
