@@ -38,7 +38,7 @@ class GRULayerFunction(torch.autograd.Function):
     ):
         keep = options.keep_gates and any(ctx.needs_input_grad[:6])
         points, hier, stats = forward_solve(
-            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, record.memory
         )
         record.forward.append(stats)
         ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
@@ -76,6 +76,7 @@ class GRULayerFunction(torch.autograd.Function):
             ctx.where,
             mask,
             tg,
+            ctx.record.memory,
         )
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad

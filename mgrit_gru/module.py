@@ -12,6 +12,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .autograd import gru_layer
 from .gru.cell import CELLS
+from .gru.solve import DivergenceMemory
 from .options import MGRIT, as_options
 from .stats import RunStats
 
@@ -77,6 +78,7 @@ class GRU(nn.Module):
         self.solver = as_options(solver)
         self.cell = cell
         self.time_group = time_group
+        self._divergence = DivergenceMemory()  # for MGRIT(on_divergence="backoff")
         self.last_stats: Optional[RunStats] = None
         factory = {"device": device, "dtype": dtype}
         directions = 2 if bidirectional else 1
@@ -313,9 +315,10 @@ class GRU(nn.Module):
         B = x.shape[1]
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
-        record = RunStats()
-        self.last_stats = record
         solver = self.solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
+        backoff = solver.on_divergence == "backoff"
+        record = RunStats(memory=self._divergence if backoff else None)
+        self.last_stats = record
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):

@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 RELAX_CHOICES = ("F", "FCF")
 COARSE_GATES_CHOICES = ("average", "inject")
-ON_DIVERGENCE_CHOICES = ("fallback", "raise")
+ON_DIVERGENCE_CHOICES = ("fallback", "backoff", "raise")
 
 
 def _bad(field: str, value: object, legal: str) -> ValueError:
@@ -53,7 +53,11 @@ class MGRIT:
             ``"average"`` of the fine input gates over its interval, or the gates at the
             interval's first point (``"inject"``, as in the paper's code).
         on_divergence: a non-finite or growing residual either makes the call
-            ``"fallback"`` to the exact serial solve (with one warning) or ``"raise"``.
+            ``"fallback"`` to the exact serial solve (with one warning) or ``"raise"``;
+            ``"backoff"`` falls back too and then solves that layer and pass serially for the
+            next 1, 2, 4, ... 64 calls after consecutive divergences, without trying MGRIT (a
+            converged MGRIT solve resets it): for training, where a network that has become
+            hard for MGRIT stays hard.
         keep_gates: the forward keeps every fine step's gates (4H floats per step and
             sequence) so that the backward linearises without GEMMs; ``False`` recomputes
             them in the backward instead, when memory is the limit.
@@ -69,7 +73,7 @@ class MGRIT:
     backward_tol: float | None = None
     backward_max_iters: int | None = None
     coarse_gates: Literal["average", "inject"] = "average"
-    on_divergence: Literal["fallback", "raise"] = "fallback"
+    on_divergence: Literal["fallback", "backoff", "raise"] = "fallback"
     keep_gates: bool = True
 
     def __post_init__(self) -> None:

@@ -19,6 +19,8 @@ class SolveStats:
             backward: relative to the largest incoming gradient). Empty for a serial solve.
         converged: the last residual met the tolerance (always True for a serial solve).
         fell_back: the MGRIT solve diverged and this result came from the serial solve.
+        skipped: with ``on_divergence="backoff"``, MGRIT was not tried at all (earlier calls of
+            this layer and pass diverged); the result came from the serial solve.
     """
 
     pass_: str
@@ -30,6 +32,7 @@ class SolveStats:
     residuals: tuple[float, ...]
     converged: bool
     fell_back: bool
+    skipped: bool = False
 
     @property
     def residual(self) -> float:
@@ -47,6 +50,7 @@ class RunStats:
 
     forward: list[SolveStats] = field(default_factory=list)
     backward: list[SolveStats] = field(default_factory=list)
+    memory: object = field(default=None, repr=False, compare=False)  # on_divergence="backoff"
 
     @property
     def forward_iterations(self) -> int:
@@ -76,6 +80,8 @@ class RunStats:
         text = f"fwd it={self.forward_iterations} res={self.forward_residual:.1e}"
         if self.backward:
             text += f" | bwd it={self.backward_iterations} res={self.backward_residual:.1e}"
-        if self.fell_back:
+        if any(s.skipped for s in self.forward + self.backward):
+            text += " | serial (backing off after divergence)"
+        elif self.fell_back:
             text += " | fell back to serial"
         return text

@@ -38,6 +38,14 @@ class TrainConfig:
     backward_tol: Optional[float] = None
     backward_max_iters: Optional[int] = None
     coarse_gates: str = field(default="average", metadata=_choice("average", "inject"))
+    on_divergence: str = field(
+        default="fallback",
+        metadata={
+            **_choice("fallback", "backoff", "raise"),
+            "help": "a diverging MGRIT solve: fall back to serial; also skip MGRIT in the next "
+            "1, 2, 4 ... 64 calls (backoff); or stop",
+        },
+    )
     keep_gates: bool = field(
         default=True,
         metadata={"help": "keep the gates for the backward (--no-keep-gates: recompute them)"},
@@ -96,6 +104,7 @@ class TrainConfig:
             backward_tol=self.backward_tol,
             backward_max_iters=self.backward_max_iters,
             coarse_gates=self.coarse_gates,
+            on_divergence=self.on_divergence,
             keep_gates=self.keep_gates,
         )
 

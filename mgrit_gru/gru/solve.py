@@ -195,14 +195,49 @@ def _solve_on(comm, grids, ops, u0, g, work, **options):
     return solve(grids, ops, u0, g, work=work, comm=comm, **options)
 
 
-def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where):
+class DivergenceMemory:
+    """For ``on_divergence="backoff"``: per layer, direction and pass, how many coming calls
+    skip MGRIT. A divergence skips the next 1 call, a second one in a row the next 2, then 4,
+    ... up to MAX_SKIP; a converged MGRIT solve resets the count. Ranks of a time group see
+    the same divergences, so they keep the same memory."""
+
+    MAX_SKIP = 64
+
+    def __init__(self) -> None:
+        self._state: dict[tuple, list[int]] = {}  # key -> [calls left to skip, next skip]
+
+    def skip(self, key: tuple) -> bool:
+        state = self._state.get(key)
+        if state is None or state[0] == 0:
+            return False
+        state[0] -= 1
+        return True
+
+    def record(self, key: tuple, diverged: bool) -> None:
+        if not diverged:
+            self._state.pop(key, None)
+            return
+        state = self._state.setdefault(key, [0, 1])
+        state[0], state[1] = state[1], min(2 * state[1], self.MAX_SKIP)
+
+
+def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where, memory=None):
     """``run(grids)``; if it diverges, warn (or raise) and run the serial grid instead. The
-    stats keep the diverged residual history and are marked ``fell_back``."""
-    result, fell_back = run(grids), False
+    stats keep the diverged residual history and are marked ``fell_back``. With a
+    :class:`DivergenceMemory`, calls it says to skip run the serial grid directly."""
+    serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
+    key = (pass_, *where)
+    skipped = memory is not None and len(grids) > 1 and memory.skip(key)
+    if skipped:
+        grids, result, fell_back = serial, run(serial), True
+    else:
+        result, fell_back = run(grids), False
+        if memory is not None and len(grids) > 1:
+            memory.record(key, result.diverged)
     if result.diverged:
         _diverged(pass_, options, result)
         diverged = result
-        grids = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
+        grids = serial
         result, fell_back = run(grids), True
         result.residuals, result.iterations = diverged.residuals, diverged.iterations
     layer, reverse = where
@@ -216,6 +251,7 @@ def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where):
         residuals=tuple(result.residuals),
         converged=result.converged and not result.diverged,
         fell_back=fell_back,
+        skipped=skipped,
     )
     return grids, result, stats
 
@@ -282,6 +318,7 @@ def forward_solve(
     mask: Optional[Tensor] = None,
     tg=None,
     keep: bool = False,
+    memory: Optional[DivergenceMemory] = None,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
     """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
@@ -340,7 +377,7 @@ def forward_solve(
             max_iters=options.max_iters,
         )
 
-    grids, result, stats = _solve_guarded("forward", options, run, grids, where)
+    grids, result, stats = _solve_guarded("forward", options, run, grids, where, memory)
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
         hier.kept = kept[off : off + T]
         if not _worth_keeping(grids, B, steps):
@@ -454,6 +491,7 @@ def adjoint_solve(
     where=(0, False),
     mask: Optional[Tensor] = None,
     tg=None,
+    memory: Optional[DivergenceMemory] = None,
 ) -> Adjoint:
     """Solve the adjoint of one layer.
 
@@ -525,7 +563,7 @@ def adjoint_solve(
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
     grids = mgrit_grids if math.isfinite(scale) else [Grid(N=T, m=T, n=1)]
-    grids, result, stats = _solve_guarded("backward", options, run, grids, where)
+    grids, result, stats = _solve_guarded("backward", options, run, grids, where, memory)
     Mg, off_g = grids[0].M, grids[0].off
     lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
