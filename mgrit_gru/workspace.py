@@ -52,9 +52,12 @@ def lease(shape: tuple[int, ...], like: Tensor) -> Tensor:
         return like.new_empty(shape)
     numel = math.prod(shape)
     free = _pool().setdefault(("lease", like.dtype), [])
-    for i, flat in enumerate(free):
-        if flat.numel() >= numel:
-            return free.pop(i)[:numel].view(shape)
+    fits = [i for i, flat in enumerate(free) if flat.numel() >= numel]
+    if fits:  # the smallest that fits, keeping larger ones for larger requests
+        best = min(fits, key=lambda i: free[i].numel())
+        return free.pop(best)[:numel].view(shape)
+    if len(free) >= MAX_FREE:  # none fits: drop the smallest, it may never fit again
+        free.remove(min(free, key=lambda flat: flat.numel()))
     return torch.empty(shape, dtype=like.dtype)
 
 

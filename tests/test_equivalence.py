@@ -307,3 +307,23 @@ def test_kept_gates_come_from_the_sweep_that_made_the_output():
         grads.append(torch.autograd.grad(y.sum() + h_n.sum(), [leaf, *ours.parameters()]))
         assert ours.last_stats.forward[0].iterations == 0
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-5
+
+
+def test_leases_are_best_fit_and_never_shared():
+    from mgrit_gru import workspace
+
+    workspace.release()
+    like = torch.empty(0)
+    small, large = workspace.lease((10,), like), workspace.lease((1000,), like)
+    workspace.give_back(large)
+    workspace.give_back(small)
+    again = workspace.lease((5,), like)  # the small one, not the large one
+    assert again.untyped_storage().data_ptr() == small.untyped_storage().data_ptr()
+    other = workspace.lease((5,), like)  # the large one: never the tensor already out
+    assert other.untyped_storage().data_ptr() == large.untyped_storage().data_ptr()
+    fresh = workspace.lease((5,), like)  # nothing left in the pool
+    assert fresh.untyped_storage().data_ptr() not in {
+        small.untyped_storage().data_ptr(),
+        large.untyped_storage().data_ptr(),
+    }
+    workspace.release()
