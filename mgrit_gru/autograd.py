@@ -35,15 +35,17 @@ class GRULayerFunction(torch.autograd.Function):
         where: tuple[int, bool],
         mask: Optional[Tensor],
         tg,
+        keep: bool,
+        memory,
     ):
-        keep = options.keep_gates and any(ctx.needs_input_grad[:6])
+        keep = keep and any(ctx.needs_input_grad[:6])
         points, hier, stats = forward_solve(
-            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, record.memory
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, memory
         )
         record.forward.append(stats)
         ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
-        ctx.tg = tg
+        ctx.tg, ctx.memory = tg, memory
         T = x.shape[0]
         h_n = points[T].clone()
         if tg is not None:  # the global end state lives on the last rank (in this direction)
@@ -76,7 +78,7 @@ class GRULayerFunction(torch.autograd.Function):
             ctx.where,
             mask,
             tg,
-            ctx.record.memory,
+            ctx.memory,
         )
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad
@@ -108,22 +110,30 @@ class GRULayerFunction(torch.autograd.Function):
             d_w_hh if need[3] else None,
             d_b_ih if b_ih is not None and need[4] else None,
             d_b_hh if b_hh is not None and need[5] else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
+            *(None,) * 8,  # cell, options, record, where, mask, tg, keep, memory
         )
 
 
 def gru_layer(
-    x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where=(0, False), mask=None, tg=None
+    x,
+    h0,
+    w_ih,
+    w_hh,
+    b_ih,
+    b_hh,
+    cell,
+    options,
+    record,
+    where=(0, False),
+    mask=None,
+    tg=None,
+    memory=None,
 ):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
-    (the state stays fixed there, so ``h_n`` is each sequence's state at its own end)."""
-    if options.keep_gates and not torch.is_grad_enabled():  # no backward will read them
-        options = options.replace(keep_gates=False)
+    (the state stays fixed there, so ``h_n`` is each sequence's state at its own end).
+    ``memory``: the module's :class:`mgrit_gru.gru.solve.DivergenceMemory` for
+    ``on_divergence="backoff"``, else None."""
+    keep = options.keep_gates and torch.is_grad_enabled()  # else no backward reads them
     return GRULayerFunction.apply(
-        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg
+        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, memory
     )

@@ -316,8 +316,8 @@ class GRU(nn.Module):
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
         solver = self.solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
-        backoff = solver.on_divergence == "backoff"
-        record = RunStats(memory=self._divergence if backoff else None)
+        memory = self._divergence if solver.on_divergence == "backoff" else None
+        record = RunStats()
         self.last_stats = record
         h_n = []
         layer_in = x
@@ -339,6 +339,7 @@ class GRU(nn.Module):
                     (layer, bool(direction)),
                     None if mask is None else flip(mask),
                     tg,
+                    memory,
                 )
                 outs.append(flip(y))
                 h_n.append(h_last)

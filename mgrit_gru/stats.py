@@ -50,7 +50,6 @@ class RunStats:
 
     forward: list[SolveStats] = field(default_factory=list)
     backward: list[SolveStats] = field(default_factory=list)
-    memory: object = field(default=None, repr=False, compare=False)  # on_divergence="backoff"
 
     @property
     def forward_iterations(self) -> int:
