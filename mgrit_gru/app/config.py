@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
-from ..options import MGRIT
+from ..options import COARSE_GATES_CHOICES, MGRIT, ON_DIVERGENCE_CHOICES, RELAX_CHOICES
 
 
 def _choice(*values: str) -> Any:
@@ -32,16 +32,16 @@ class TrainConfig:
     solver: str = field(default="mgrit", metadata=_choice("mgrit", "serial", "torch"))
     cfactor: int = 32
     levels: Union[int, str] = field(default="auto", metadata={"help": "int or auto"})
-    relax: str = field(default="FCF", metadata=_choice("F", "FCF"))
+    relax: str = field(default="FCF", metadata=_choice(*RELAX_CHOICES))
     tol: float = 1e-5
     max_iters: int = 10
     backward_tol: Optional[float] = None
     backward_max_iters: Optional[int] = None
-    coarse_gates: str = field(default="average", metadata=_choice("average", "inject"))
+    coarse_gates: str = field(default="average", metadata=_choice(*COARSE_GATES_CHOICES))
     on_divergence: str = field(
         default="fallback",
         metadata={
-            **_choice("fallback", "backoff", "raise"),
+            **_choice(*ON_DIVERGENCE_CHOICES),
             "help": "a diverging MGRIT solve: fall back to serial; also skip MGRIT in the next "
             "1, 2, 4 ... 64 calls (backoff); or stop",
         },
