@@ -61,6 +61,12 @@ class MGRIT:
         keep_gates: the forward keeps every fine step's gates (4H floats per step and
             sequence) so that the backward linearises without GEMMs; ``False`` recomputes
             them in the backward instead, when memory is the limit.
+        early_exit: an F-relaxation that follows another (FCF's second, or one after a
+            coarse correction) stops once its new states agree with the previous sweep's to
+            the tolerance, everywhere: each chunk has then forgotten the change of its start,
+            and the rest of the chunk is kept. The residual it leaves counts in the stopping
+            test, so a converged solve meets ``tol`` as without it. ``False``: every sweep
+            runs to the end of its chunks.
 
     ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
     """
@@ -75,6 +81,7 @@ class MGRIT:
     coarse_gates: Literal["average", "inject"] = "average"
     on_divergence: Literal["fallback", "backoff", "raise"] = "fallback"
     keep_gates: bool = True
+    early_exit: bool = True
 
     def __post_init__(self) -> None:
         if self.cfactor != "auto":
@@ -95,8 +102,9 @@ class MGRIT:
             raise _bad(
                 "on_divergence", self.on_divergence, f"choose one of {ON_DIVERGENCE_CHOICES}"
             )
-        if not isinstance(self.keep_gates, bool):
-            raise _bad("keep_gates", self.keep_gates, "expected True or False")
+        for name in ("keep_gates", "early_exit"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "expected True or False")
 
     @classmethod
     def serial(cls) -> MGRIT:

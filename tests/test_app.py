@@ -311,17 +311,19 @@ def test_train_on_unequal_lengths(tmp_path):
 
 
 def test_resume_a_run_from_before_a_config_field_existed(tmp_path):
-    """Runs written before `keep_gates` existed resume with its default."""
+    """Runs written before `keep_gates` and `early_exit` existed resume with their defaults."""
     run = tmp_path / "old"
     train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=lambda *a: None)
     old = TrainConfig(**{**SMALL, "epochs": 1}).to_dict()
-    del old["keep_gates"]
+    del old["keep_gates"], old["early_exit"]
     (run / "config.json").write_text(json.dumps(old))
     state = load_checkpoint(run)
     state["config"] = old
     torch.save(state, run / "checkpoint.pt")
     assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
     assert load_checkpoint(run)["epoch"] == 2
+    resumed = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+    assert resumed.solver_options().early_exit and resumed.solver_options().keep_gates
 
 
 def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):

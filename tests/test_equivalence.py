@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_ref, max_errors, tight
+from conftest import grads_of, make_ref, max_errors, tight
 
 import mgrit_gru
 
@@ -327,3 +327,38 @@ def test_leases_are_best_fit_and_never_shared():
         large.untyped_storage().data_ptr(),
     }
     workspace.release()
+
+
+def test_early_exit_keeps_the_first_sweeps_gates_where_it_stops(monkeypatch):
+    """FCF's second sweep exits early on an untrained GRU (it forgets a chunk's start in a
+    few dozen steps) in both passes; the fine steps after the exit keep the first sweep's
+    states, so their kept gates must be the first sweep's too: gradients from kept gates equal
+    recomputed ones, and both match torch.nn.GRU to the tolerance."""
+    from mgrit_gru.core import cycle
+
+    exits = []
+    f_relax = cycle._Solver.f_relax
+
+    def spy(self, level, u, g, provisional=False, exit_tol=None):
+        out = f_relax(self, level, u, g, provisional, exit_tol)
+        exits.append(out)
+        return out
+
+    monkeypatch.setattr(cycle._Solver, "f_relax", spy)
+    ref = make_ref(3, 6)
+    x = torch.randn(2048, 2, 3)  # 32 chunks of 64 steps x 2 rows: the gates are kept
+    wy, wh = torch.randn(2048, 2, 6), torch.randn(1, 2, 6)
+    y_r, h_r, g_r = grads_of(ref, x, None, wy, wh)
+    results = []
+    for keep in (True, False):
+        ours = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=64, tol=1e-9))
+        ours.solver = ours.solver.replace(keep_gates=keep)
+        exits.clear()
+        y, h, g = grads_of(ours, x, None, wy, wh)
+        stats = ours.last_stats
+        assert stats.forward[0].iterations == 0 and stats.backward[0].iterations == 0
+        assert sum(e is not None for e in exits) == 2  # one exit per pass
+        assert max((a - b).abs().max().item() for a, b in zip(g, g_r)) < 1e-6
+        assert (y - y_r).abs().max() < 1e-8
+        results.append(g)
+    assert max((a - b).abs().max().item() for a, b in zip(*results)) < 1e-12

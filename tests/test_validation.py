@@ -25,6 +25,8 @@ from mgrit_gru import MGRIT
         (dict(backward_max_iters=1.5), r"invalid backward_max_iters=1.5"),
         (dict(coarse_gates="mean"), r"invalid coarse_gates='mean'; choose one of"),
         (dict(on_divergence="ignore"), r"invalid on_divergence='ignore'; choose one of"),
+        (dict(keep_gates=1), r"invalid keep_gates=1; expected True or False"),
+        (dict(early_exit="yes"), r"invalid early_exit='yes'; expected True or False"),
     ],
 )
 def test_invalid_options(kwargs, match):

@@ -50,6 +50,13 @@ class TrainConfig:
         default=True,
         metadata={"help": "keep the gates for the backward (--no-keep-gates: recompute them)"},
     )
+    early_exit: bool = field(
+        default=True,
+        metadata={
+            "help": "end a relaxation sweep once its chunks have forgotten their new start "
+            "(--no-early-exit: run every sweep to the end)"
+        },
+    )
     optimizer: str = field(default="adam", metadata=_choice("adam", "sgd", "rmsprop"))
     lr: float = 5e-3
     weight_decay: float = 0.0
@@ -106,6 +113,7 @@ class TrainConfig:
             coarse_gates=self.coarse_gates,
             on_divergence=self.on_divergence,
             keep_gates=self.keep_gates,
+            early_exit=self.early_exit,
         )
 
     def to_dict(self) -> dict:

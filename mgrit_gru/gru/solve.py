@@ -375,6 +375,7 @@ def forward_solve(
             relax=options.relax,
             tol=options.tol,
             max_iters=options.max_iters,
+            early_exit=options.early_exit,
         )
 
     grids, result, stats = _solve_guarded("forward", options, run, grids, where, memory)
@@ -559,6 +560,7 @@ def adjoint_solve(
             tol=options.bwd_tol,
             max_iters=options.bwd_max_iters,
             scale=scale,
+            early_exit=options.early_exit,
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
