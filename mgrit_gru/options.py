@@ -127,7 +127,9 @@ class MGRIT:
         """These options for one call: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
         if self.cfactor != "auto":
             return self
-        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device))
+        return replace(
+            self, cfactor=auto_cfactor(steps, batch, hidden, device, self.early_exit)
+        )
 
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""
@@ -146,25 +148,39 @@ class MGRIT:
 
 
 # The cost model of cfactor="auto" (README, "Automatic settings"; checked by
-# benchmarks/auto_settings.py). A V-cycle's time is dominated by the relaxation sweeps: m - 1
-# sequential batched steps per sweep, each over the T/m chunks' B rows at once. Per row, a
-# batched step is cheapest when its working set (about 4H floats per row) stays in the core's
-# cache: ROWS_PER_STEP * 64 / H rows, measured on the CPU; fewer rows per step pay the fixed
-# per-step overhead more often. Chunks shorter than MIN_CFACTOR steps leave an untrained GRU's
-# state too little room to forget its (wrong) start within a chunk, so the default tolerance
-# then needs V-cycles that longer chunks avoid.
-ROWS_PER_STEP = {"cpu": 1024, "cuda": 65536}  # cuda: not calibrated (no GPU measured)
+# benchmarks/auto_settings.py). A pass's time is dominated by the relaxation sweeps: sequential
+# batched steps over the T/m chunks' B rows at once, each costing a fixed overhead o plus c per
+# row. FCF's first sweep takes m - 1 steps; with early exit its second stops after about
+# EXIT_STEPS (where an untrained GRU has forgotten its chunk's start to tol 1e-5, measured),
+# so a pass costs about (m - 1 + EXIT_STEPS)(o + c T B / m), least at
+# m = sqrt(EXIT_STEPS * T * B * c / o). o / c is OVERHEAD_ROWS rows at H=64 and scales as
+# (64 / H)^1.5 (CPU, one thread, measured at H = 64, 128, 256). Without early exit both sweeps
+# take m - 1 steps and the rule is the older one: about ROWS_PER_STEP * 64 / H rows per batched
+# step, as many as stay in the core's cache. Chunks shorter than MIN_CFACTOR steps leave an
+# untrained GRU's state too little room to forget its (wrong) start within a chunk, so the
+# default tolerance then needs V-cycles that longer chunks avoid.
+EXIT_STEPS = 28
+OVERHEAD_ROWS = {"cpu": 120, "cuda": 16384}  # cuda: not calibrated (no GPU measured)
+ROWS_PER_STEP = {"cpu": 1024, "cuda": 65536}  # cuda: not calibrated
 MIN_CFACTOR, MAX_CFACTOR = 32, 512
 
 
-def auto_cfactor(steps: int, batch: int, hidden: int, device: str = "cpu") -> int:
+def auto_cfactor(
+    steps: int, batch: int, hidden: int, device: str = "cpu", early_exit: bool = True
+) -> int:
     """The chunk length m for ``cfactor="auto"``: the power of two nearest to
-    ``steps * batch / rows``, with ``rows = ROWS_PER_STEP[device] * 64 / hidden`` rows per
-    batched step, clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
+    ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows = OVERHEAD_ROWS[device] *
+    (64 / hidden)^1.5``, or without early exit to ``steps * batch / (ROWS_PER_STEP[device] *
+    64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
     kind = str(device).split(":")[0]
-    rows = ROWS_PER_STEP.get(kind, ROWS_PER_STEP["cpu"]) * 64 / max(hidden, 1)
-    ideal = max(steps * batch / rows, 1.0)
-    m = 2 ** round(math.log2(ideal))
+    if kind not in OVERHEAD_ROWS:
+        kind = "cpu"
+    scale = 64 / max(hidden, 1)
+    if early_exit:
+        ideal = math.sqrt(EXIT_STEPS * steps * batch / (OVERHEAD_ROWS[kind] * scale**1.5))
+    else:
+        ideal = steps * batch / (ROWS_PER_STEP[kind] * scale)
+    m = 2 ** round(math.log2(max(ideal, 1.0)))
     return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 
 
