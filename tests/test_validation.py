@@ -125,6 +125,11 @@ def gru():
             r"input contains NaN or Inf",
         ),
         (
+            lambda: (torch.tensor([[[1.0, 2.0, 0.0]], [[-float("inf"), 2.0, float("inf")]]]), None),
+            ValueError,
+            r"input contains NaN or Inf",
+        ),
+        (
             lambda: (torch.randn(5, 2, 3), torch.randn(1, 2, 4)),
             ValueError,
             r"expected h0 of shape \(2, 2, 4\), got \(1, 2, 4\)",
@@ -146,6 +151,15 @@ def test_bad_input(gru, make, error, match):
     x, h0 = make()
     with pytest.raises(error, match=match):
         gru(x, h0)
+
+
+def test_huge_finite_input_is_not_taken_for_inf(gru):
+    """The finiteness check sums first; a sum that overflows from finite values is checked
+    element by element, so such input runs."""
+    x = torch.full((5, 2, 3), torch.finfo(torch.float64).max / 4)
+    assert not torch.isfinite(x.sum())
+    y, _ = gru(x)
+    assert torch.isfinite(y).all()
 
 
 def test_device_mismatch(gru):

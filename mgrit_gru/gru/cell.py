@@ -153,15 +153,18 @@ def _coefficients(h, r, z, n, ghn, cell: str, dt: Optional[Tensor]) -> Linearisa
     K_z = h - n if dt is None else (h - n).mul_(dt)  # will be dh'/dz
     if cell == "classic":  # theta = w: dtheta/dz = -dt
         theta = w
-        D = torch.rsub(theta, 1.0)
+        D = z if dt is None else torch.rsub(theta, 1.0)  # 1 - theta
     else:  # theta = w / (1 + w): dtheta/dz = -dt / (1 + w)^2
         D = torch.reciprocal(w + 1.0)
-        theta = w.mul_(D)
         K_z.mul_(D * D)
-    A_n = (1.0 - n * n).mul_(theta)
     C = h.new_empty((*h.shape[:-1], 3 * H))
+    torch.mul(K_z, z, out=C[..., H : 2 * H])
+    # dh'/dz = K_z z (1 - z): 1 - z is w itself for a classic step of size 1
+    C[..., H : 2 * H].mul_(w if cell == "classic" and dt is None else torch.rsub(z, 1.0))
+    if cell != "classic":
+        theta = w.mul_(D)
+    A_n = (1.0 - n * n).mul_(theta)
     torch.mul(A_n, ghn, out=C[..., :H]).mul_(r).mul_(1.0 - r)
-    torch.mul(K_z, z, out=C[..., H : 2 * H]).mul_(1.0 - z)
     torch.mul(A_n, r, out=C[..., 2 * H :])
     return Linearisation(D, C, A_n)
 

@@ -393,6 +393,14 @@ def forward_solve(
 BLOCK_ROWS = 2048  # rows (steps x batch) per block of whole-sequence elementwise work
 
 
+def reversed_time(src: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """``src`` in reversed order along dim 0 (time), written into ``out`` if given: one pass,
+    where ``out[...] = src.flip(0)`` makes a flipped temporary and copies it (2.2x the time
+    here)."""
+    steps = torch.arange(src.shape[0] - 1, -1, -1, device=src.device)
+    return torch.index_select(src, 0, steps, out=out)
+
+
 def time_blocks(T: int, B: int):
     """Blocks ``[k0, k1)`` of time steps of about BLOCK_ROWS rows: the elementwise chains over
     all steps then run on cache-resident temporaries instead of whole-sequence tensors."""
@@ -426,8 +434,8 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
         else:
             gx = input_gates(x[k0:k1], w_ih, b_in)
             lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
-        D_rev[end - k1 : end - k0] = lin.D.flip(0)
-        C_rev[end - k1 : end - k0] = lin.C.flip(0)
+        reversed_time(lin.D, out=D_rev[end - k1 : end - k0])
+        reversed_time(lin.C, out=C_rev[end - k1 : end - k0])
         A_n[k0:k1] = lin.A_n
     return D_rev, C_rev, A_n
 
@@ -449,7 +457,7 @@ def reversed_forcing(
     g[end - 1] = 0.0 if f_first is None else f_first
     # dL/dy_i is f_{i+1}, at reversed index end - 2 - i (i < T - 1: f_T is handled below).
     for k0, k1 in time_blocks(T - 1, B):
-        g[end - 1 - k1 : end - 1 - k0] = d_out[k0:k1].flip(0)
+        reversed_time(d_out[k0:k1], out=g[end - 1 - k1 : end - 1 - k0])
     f_T = d_out[T - 1] + d_last
     if off > 0:
         g[off - 1] = f_T
@@ -471,8 +479,8 @@ class Adjoint:
             yield (
                 k0,
                 k1,
-                self.lam_rev[T - k1 : T - k0].flip(0),
-                self.C_rev[T - k1 : T - k0].flip(0),
+                reversed_time(self.lam_rev[T - k1 : T - k0]),
+                reversed_time(self.C_rev[T - k1 : T - k0]),
                 self.A_n[k0:k1],
             )
 
