@@ -79,8 +79,8 @@ def main() -> None:
         h, gx, out = torch.rand(rows, H) - 0.5, torch.randn(rows, 3 * H), torch.empty(rows, H)
         compare(
             f"step, {rows} rows",
-            lambda: cell.step(h, gx, w_hh, b_hn, "classic", out=out),
-            lambda: bf16_step(h, gx, w_lp, b_hn, out),
+            lambda h=h, gx=gx, out=out: cell.step(h, gx, w_hh, b_hn, "classic", out=out),
+            lambda h=h, gx=gx, out=out: bf16_step(h, gx, w_lp, b_hn, out),
             max(20, 200_000 // rows),
         )
     x, w_ih, b_ih = torch.randn(T * B, I), torch.randn(3 * H, I) / I**0.5, torch.randn(3 * H)

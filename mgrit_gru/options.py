@@ -127,9 +127,7 @@ class MGRIT:
         """These options for one call: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
         if self.cfactor != "auto":
             return self
-        return replace(
-            self, cfactor=auto_cfactor(steps, batch, hidden, device, self.early_exit)
-        )
+        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self.early_exit))
 
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""

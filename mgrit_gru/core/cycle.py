@@ -24,7 +24,6 @@ from torch import Tensor
 
 from .grid import Grid, chunk_ends, flat_points, to_chunks
 
-
 # An early-exiting F-relaxation (``MGRIT(early_exit=True)``) compares new and stored states
 # every EXIT_EVERY steps: each comparison costs about a tenth of a batched step on the CPU, and
 # the exit comes at most EXIT_EVERY - 1 steps late.
