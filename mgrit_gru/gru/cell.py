@@ -148,24 +148,25 @@ def linearise_kept(h: Tensor, kept: Tensor, cell: str, dt: Optional[Tensor] = No
 
 
 def _coefficients(h, r, z, n, ghn, cell: str, dt: Optional[Tensor]) -> Linearisation:
+    # Each line is one or two fused elementwise passes: this runs over every fine step.
     H = h.shape[-1]
-    w = torch.rsub(z, 1.0) if dt is None else torch.rsub(z, 1.0).mul_(dt)  # dt (1 - z)
-    K_z = h - n if dt is None else (h - n).mul_(dt)  # will be dh'/dz
+    one_z = torch.rsub(z, 1.0)
+    w = one_z if dt is None else one_z * dt  # dt (1 - z)
+    C = h.new_empty((*h.shape[:-1], 3 * H))
+    C_r, C_z, C_n = C[..., :H], C[..., H : 2 * H], C[..., 2 * H :]
+    torch.sub(h, n, out=C_z).mul_(z).mul_(one_z)  # dh'/dz = dt (h - n) z (1 - z) ...
+    if dt is not None:
+        C_z.mul_(dt)
     if cell == "classic":  # theta = w: dtheta/dz = -dt
         theta = w
-        D = z if dt is None else torch.rsub(theta, 1.0)  # 1 - theta
+        D = z if dt is None else torch.rsub(w, 1.0)  # 1 - theta
     else:  # theta = w / (1 + w): dtheta/dz = -dt / (1 + w)^2
         D = torch.reciprocal(w + 1.0)
-        K_z.mul_(D * D)
-    C = h.new_empty((*h.shape[:-1], 3 * H))
-    torch.mul(K_z, z, out=C[..., H : 2 * H])
-    # dh'/dz = K_z z (1 - z): 1 - z is w itself for a classic step of size 1
-    C[..., H : 2 * H].mul_(w if cell == "classic" and dt is None else torch.rsub(z, 1.0))
-    if cell != "classic":
-        theta = w.mul_(D)
-    A_n = (1.0 - n * n).mul_(theta)
-    torch.mul(A_n, ghn, out=C[..., :H]).mul_(r).mul_(1.0 - r)
-    torch.mul(A_n, r, out=C[..., 2 * H :])
+        C_z.mul_(D).mul_(D)  # ... / (1 + w)^2 for the implicit step
+        theta = w * D
+    A_n = torch.addcmul(theta, theta * n, n, value=-1.0)  # theta (1 - n^2)
+    torch.mul(A_n, ghn, out=C_r).mul_(torch.addcmul(r, r, r, value=-1.0))  # ... r (1 - r)
+    torch.mul(A_n, r, out=C_n)
     return Linearisation(D, C, A_n)
 
 
