@@ -22,7 +22,10 @@ from mgrit_gru.app.train import Classifier, load_checkpoint, load_data, read_con
 
 SETTINGS = {
     "mgrit default": MGRIT(),
+    "early_exit=False": MGRIT(early_exit=False),
     "keep_gates=False": MGRIT(keep_gates=False),
+    "cfactor=auto": MGRIT(cfactor="auto"),
+    "cfactor=64": MGRIT(cfactor=64),
     "backward_tol=1e-3": MGRIT(backward_tol=1e-3),
     "backward_tol=1e-2": MGRIT(backward_tol=1e-2),
     "backward_max_iters=2": MGRIT(backward_max_iters=2),

@@ -264,6 +264,7 @@ def test_eval_and_compare(tmp_path, capsys):
         (["train", *_flags({**SMALL, "batch_size": 1000})], "--batch-size 1000 is larger than"),
         (["train", "--hidden", "0"], "--hidden must be a positive integer"),
         (["train", "--cfactor", "1"], "invalid cfactor=1"),
+        (["train", "--cfactor", "auto", "--time-parallel", "2"], "needs an integer --cfactor"),
         (["eval", "/no/such/run"], "is not a run folder"),
     ],
 )
@@ -279,6 +280,7 @@ def test_cli_errors_exit_2_with_one_line(argv, message, capsys, tmp_path):
         (["train", "--hiden", "3"], "unrecognized arguments: --hiden 3"),
         (["train", "--solver", "fast"], "invalid choice: 'fast'"),
         (["train", "--epochs", "two"], "invalid int value: 'two'"),
+        (["train", "--cfactor", "fast"], "invalid int_or_auto value: 'fast'"),
         (["nope"], "invalid choice: 'nope'"),
     ],
 )
@@ -288,6 +290,21 @@ def test_bad_command_line_exits_2_with_one_line(argv, message, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_train_with_cfactor_auto(tmp_path):
+    """`--cfactor auto` reaches the solver, which picks the chunk length per call."""
+    import argparse
+
+    from mgrit_gru.app.config import add_config_arguments, given_overrides
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    args = parser.parse_args([*_flags({**SMALL, "epochs": 1}), "--cfactor", "auto"])
+    cfg = TrainConfig(**given_overrides(args))
+    assert cfg.cfactor == "auto" and cfg.solver_options().cfactor == "auto"
+    rows = train(cfg, tmp_path / "run", progress=False, log=lambda *a: None)
+    assert rows[0]["fwd_iters_mean"] >= 0
 
 
 def test_train_on_unequal_lengths(tmp_path):

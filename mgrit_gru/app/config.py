@@ -30,7 +30,9 @@ class TrainConfig:
     dropout: float = 0.0
     cell: str = field(default="classic", metadata=_choice("classic", "implicit"))
     solver: str = field(default="mgrit", metadata=_choice("mgrit", "serial", "torch"))
-    cfactor: int = 32
+    cfactor: Union[int, str] = field(
+        default=32, metadata={"help": "int >= 2 or auto (chosen per call from T and batch)"}
+    )
     levels: Union[int, str] = field(default="auto", metadata={"help": "int or auto"})
     relax: str = field(default="FCF", metadata=_choice(*RELAX_CHOICES))
     tol: float = 1e-5
@@ -71,7 +73,9 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        positive = ["hidden", "layers", "cfactor", "epochs", "batch_size", "time_parallel"]
+        positive = ["hidden", "layers", "epochs", "batch_size", "time_parallel"]
+        if self.cfactor != "auto":
+            positive.append("cfactor")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -98,6 +102,8 @@ class TrainConfig:
         self.solver_options()  # MGRIT validates its own fields
         if self.time_parallel > 1 and self.solver == "torch":
             raise ValueError("--time-parallel needs --solver mgrit or serial")
+        if self.time_parallel > 1 and self.cfactor == "auto":
+            raise ValueError("--time-parallel needs an integer --cfactor, not auto")
 
     def solver_options(self) -> MGRIT:
         if self.solver == "serial":
@@ -155,7 +161,7 @@ def _parse_optional(kind):
     return parse
 
 
-def _parse_levels(text: str) -> Union[int, str]:
+def int_or_auto(text: str) -> Union[int, str]:
     return "auto" if text == "auto" else int(text)
 
 
@@ -179,8 +185,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         kind = {"int": int, "float": float, "str": str}
-        if f.name == "levels":
-            kwargs["type"] = _parse_levels
+        if f.name in ("levels", "cfactor"):
+            kwargs["type"] = int_or_auto
         elif str(f.type).startswith("Optional["):
             inner = str(f.type)[len("Optional[") : -1]
             kwargs["type"] = _parse_optional(kind[inner])
