@@ -89,22 +89,32 @@ def problem(T, batch, input_size, hidden, *, zbias=0.0, seed=0, dtype=None, devi
     return ref, x, w_y, w_h
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 class Row:
-    def __init__(self, name, module, opts=None):
+    def __init__(self, name, module, opts=None, autocast=None):
         self.name, self.module, self.opts = name, module, opts
+        self.autocast = autocast  # None, or a dtype: the row runs under torch.autocast
         self.fwd, self.train = [], []
         self.y = self.grads = self.stats = None
 
+    def _amp(self, x):
+        dtype = self.autocast or torch.bfloat16
+        return torch.autocast(x.device.type, dtype=dtype, enabled=self.autocast is not None)
+
     def forward(self, x):
-        with torch.no_grad():
+        with torch.no_grad(), self._amp(x):
             return self.module(x)[0]
 
     def train_step(self, x, w_y, w_h):
         x = x.detach().requires_grad_()
         self.module.zero_grad(set_to_none=True)
-        y, hn = self.module(x)
-        ((y * w_y).sum() + (hn * w_h).sum()).backward()
-        return y.detach(), [x.grad] + [p.grad for p in self.module.parameters()]
+        with self._amp(x):
+            y, hn = self.module(x)
+            loss = (y.float() * w_y).sum() + (hn.float() * w_h).sum()
+        loss.backward()
+        return y.detach().float(), [x.grad] + [p.grad for p in self.module.parameters()]
 
 
 def _rel(a, b) -> float:
@@ -123,21 +133,26 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
         dtype=dtype,
         device=device,
     )
+    amp = AUTOCAST.get(getattr(args, "autocast", None) or "")
     rows = []
     if not args.no_torch:
-        rows.append(Row("torch.nn.GRU", ref))
-    rows.append(Row("serial", GRU.from_torch(ref, solver="serial")))
+        rows.append(Row("torch.nn.GRU", ref, autocast=amp))
+    rows.append(Row("serial", GRU.from_torch(ref, solver="serial"), autocast=amp))
     for opts in settings:
-        rows.append(Row(describe(opts), GRU.from_torch(ref, solver=opts), opts))
+        rows.append(Row(describe(opts), GRU.from_torch(ref, solver=opts), opts, autocast=amp))
     for row in rows:  # warm-up, and the accuracy reference outputs
         row.y, row.grads = row.train_step(x, w_y, w_h)
         if isinstance(row.module, GRU):
             row.stats = row.module.last_stats
+    serial = next(r for r in rows if r.name == "serial")
+    exact = serial
+    if amp is not None:  # errors against the serial solve without autocast
+        exact = Row("serial fp32", GRU.from_torch(ref, solver="serial"))
+        exact.y, exact.grads = exact.train_step(x, w_y, w_h)
     for _ in range(args.repeats):
         for row in rows:
             row.fwd.append(_timed(lambda r=row: r.forward(x), device))
             row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), device))
-    serial = next(r for r in rows if r.name == "serial")
     base = {r.name: statistics.median(r.train) for r in rows}
     peaks = {r.name: _peak(r, T, args) for r in rows}
     results = []
@@ -151,8 +166,8 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             "train_s": train,
             "speedup_vs_torch": base.get("torch.nn.GRU", float("nan")) / train,
             "speedup_vs_serial": base["serial"] / train,
-            "max_abs_y_err": (row.y - serial.y).abs().max().item(),
-            "rel_grad_err": max(_rel(a, b) for a, b in zip(row.grads, serial.grads)),
+            "max_abs_y_err": (row.y - exact.y).abs().max().item(),
+            "rel_grad_err": max(_rel(a.float(), b) for a, b in zip(row.grads, exact.grads)),
             "fwd_iters": row.stats.forward_iterations if row.stats else None,
             "bwd_iters": row.stats.backward_iterations if row.stats else None,
             "fwd_residual": row.stats.forward_residual if row.stats else None,
@@ -170,7 +185,7 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
 
 def _peak(row: Row, T: int, args) -> Optional[float]:
     """The row's training-step peak memory (MB, a fresh process), or None when not asked."""
-    if args.no_memory or not memory.supported(args.device):
+    if args.no_memory or row.autocast is not None or not memory.supported(args.device):
         return None
     solver = {"torch.nn.GRU": "torch", "serial": "serial"}.get(row.name, "mgrit")
     return memory.step_peak_mb(
@@ -239,6 +254,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-memory",
         action="store_true",
         help="skip the peak-memory column (one fresh process per row and length)",
+    )
+    p.add_argument(
+        "--autocast",
+        choices=sorted(AUTOCAST),
+        help="run every row under torch.autocast with this dtype; errors are then against "
+        "the serial solve without autocast (no peak-memory column)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
@@ -356,7 +377,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     print(
         f"mgrit-gru bench: B={args.batch} input={args.input} hidden={args.hidden} {args.dtype} "
         f"threads={torch.get_num_threads()} repeats={args.repeats} zbias={args.zbias} "
-        f"torch {torch.__version__} on "
+        + (f"autocast={args.autocast} " if getattr(args, "autocast", None) else "")
+        + f"torch {torch.__version__} on "
         + (
             torch.cuda.get_device_name(device)
             if device.type == "cuda"
@@ -365,7 +387,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     )
     print(
         "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "
-        "the training step; errors against the serial solve; peak MB = the step's peak memory "
+        "the training step; errors against the serial solve (fp32, without autocast); peak MB "
+        "= the step's peak memory "
         "(fresh process: resident-set high-water growth on CPU, max_memory_allocated on CUDA)"
     )
     print(HEADER)
