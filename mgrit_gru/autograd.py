@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import workspace
 from .gru import cell as gru
 from .gru.solve import adjoint_solve, forward_solve
 from .options import MGRIT
@@ -90,7 +91,8 @@ class GRULayerFunction(torch.autograd.Function):
         # steps, then GEMMs over its rows (in ctx.lowp, accumulated in fp32, under autocast).
         gemms = _BlockGemms(x, points, w_ih, ctx.lowp)
         for k0, k1, lam, C, A_n in adj.blocks(T, B):
-            g = gru.gate_grads(lam, C, A_n)
+            out = [workspace.buffer(f"bwd.block {name}", C.shape, C) for name in ("d_gx", "d_gh")]
+            g = gru.gate_grads(lam, C, A_n, gru.GateGrads(*out))
             d_gx, d_gh = g.d_gx.view(-1, g.d_gx.shape[-1]), g.d_gh.view(-1, g.d_gh.shape[-1])
             gemms(k0, k1, d_gx, d_gh, None if d_x is None else d_x[k0:k1].view(-1, I))
             d_b_ih += d_gx.sum(0)

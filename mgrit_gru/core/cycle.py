@@ -269,7 +269,9 @@ def solve(
             one after a coarse correction) stops once its states agree with the previous
             sweep's to ``tol * scale`` (see :meth:`_Solver.f_relax`): the chunks have
             forgotten the change of their C-points, and the rest of each chunk is kept. The
-            residual is then the largest of the C-point residuals and that exit's.
+            residual is then the largest of the C-point residuals and that exit's (an earlier
+            exit's that a later sweep left in place is at most ``tol * scale`` too, so a
+            converged solve has every residual within ``tol``).
         work: optional ``(m, n, *S)`` tensor to hold the level-0 points (else allocated).
         comm: how this process's level-0 chunks meet the others' (default: it holds them all).
 

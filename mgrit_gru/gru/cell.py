@@ -189,12 +189,18 @@ class GateGrads(NamedTuple):
     d_gh: Tensor  # (..., 3H) gradient of W_hh h + b_hh
 
 
-def gate_grads(lam_next: Tensor, C: Tensor, A_n: Tensor) -> GateGrads:
+def gate_grads(
+    lam_next: Tensor, C: Tensor, A_n: Tensor, out: Optional[GateGrads] = None
+) -> GateGrads:
     """Gate pre-activation gradients of steps from ``lam_{i+1}`` ``(..., H)`` and the steps'
-    coefficients ``C`` ``(..., 3H)``, ``A_n`` ``(..., H)``; any number of steps at once."""
+    coefficients ``C`` ``(..., 3H)``, ``A_n`` ``(..., H)``; any number of steps at once.
+    ``out``: contiguous tensors ``(..., 3H)`` to write them into."""
     H = lam_next.shape[-1]
     lead = lam_next.shape[:-1]
-    d_gh = (C.reshape(*lead, 3, H) * lam_next.unsqueeze(-2)).view(*lead, 3 * H)
-    d_gx = d_gh.clone()
+    if out is None:
+        out = GateGrads(C.new_empty(C.shape), C.new_empty(C.shape))
+    d_gx, d_gh = out
+    torch.mul(C.reshape(*lead, 3, H), lam_next.unsqueeze(-2), out=d_gh.view(*lead, 3, H))
+    d_gx[..., : 2 * H] = d_gh[..., : 2 * H]
     torch.mul(A_n, lam_next, out=d_gx[..., 2 * H :])
-    return GateGrads(d_gx, d_gh)
+    return out

@@ -474,13 +474,16 @@ class Adjoint:
     stats: SolveStats
 
     def blocks(self, T: int, B: int):
-        """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and ``A_n`` in forward order."""
+        """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and ``A_n`` in forward order.
+        ``lam`` and ``C`` are work buffers that the next block overwrites."""
         for k0, k1 in time_blocks(T, B):
+            lam = self.lam_rev[T - k1 : T - k0]
+            C = self.C_rev[T - k1 : T - k0]
             yield (
                 k0,
                 k1,
-                reversed_time(self.lam_rev[T - k1 : T - k0]),
-                reversed_time(self.C_rev[T - k1 : T - k0]),
+                reversed_time(lam, out=workspace.buffer("bwd.block lam", lam.shape, lam)),
+                reversed_time(C, out=workspace.buffer("bwd.block C", C.shape, C)),
                 self.A_n[k0:k1],
             )
 
