@@ -127,32 +127,40 @@ def linearise(
     b_hn: Optional[Tensor],
     cell: str,
     dt: Optional[Tensor] = None,
+    out_C: Optional[Tensor] = None,
 ) -> Linearisation:
     """Adjoint coefficients of :func:`step` at states ``h`` (any leading shape, all at once);
-    arguments as for :func:`step`. The gates are recomputed (one GEMM)."""
+    arguments as for :func:`step`. The gates are recomputed (one GEMM). ``out_C``: a
+    contiguous ``(..., 3H)`` tensor to hold ``C``."""
     H = h.shape[-1]
     gh = recurrent_gates(h, w_hh, None)
     rz = torch.sigmoid(gh[..., : 2 * H] + gx[..., : 2 * H])
     r, z = rz[..., :H], rz[..., H:]
     ghn = gh[..., 2 * H :] if b_hn is None else gh[..., 2 * H :] + b_hn
     n = tanh_(torch.addcmul(gx[..., 2 * H :], r, ghn))
-    return _coefficients(h, r, z, n, ghn, cell, dt)
+    return _coefficients(h, r, z, n, ghn, cell, dt, out_C)
 
 
-def linearise_kept(h: Tensor, kept: Tensor, cell: str, dt: Optional[Tensor] = None):
+def linearise_kept(
+    h: Tensor,
+    kept: Tensor,
+    cell: str,
+    dt: Optional[Tensor] = None,
+    out_C: Optional[Tensor] = None,
+) -> Linearisation:
     """:func:`linearise` from the gates ``[r, z, n, gh_n]`` ``(..., 4H)`` that :func:`step`
     kept when it stepped from ``h``: elementwise work only."""
     H = h.shape[-1]
     r, z, n, ghn = kept.split(H, dim=-1)
-    return _coefficients(h, r, z, n, ghn, cell, dt)
+    return _coefficients(h, r, z, n, ghn, cell, dt, out_C)
 
 
-def _coefficients(h, r, z, n, ghn, cell: str, dt: Optional[Tensor]) -> Linearisation:
+def _coefficients(h, r, z, n, ghn, cell: str, dt, out_C=None) -> Linearisation:
     # Each line is one or two fused elementwise passes: this runs over every fine step.
     H = h.shape[-1]
     one_z = torch.rsub(z, 1.0)
     w = one_z if dt is None else one_z * dt  # dt (1 - z)
-    C = h.new_empty((*h.shape[:-1], 3 * H))
+    C = h.new_empty((*h.shape[:-1], 3 * H)) if out_C is None else out_C
     C_r, C_z, C_n = C[..., :H], C[..., H : 2 * H], C[..., 2 * H :]
     torch.sub(h, n, out=C_z).mul_(z).mul_(one_z)  # dh'/dz = dt (h - n) z (1 - z) ...
     if dt is not None:

@@ -429,11 +429,12 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
     end = off + T
     for k0, k1 in time_blocks(T, B):
         dt = None if mask is None else column(mask[k0:k1])
+        C = workspace.buffer("bwd.block C", (k1 - k0, B, 3 * H), points)
         if kept is not None:
-            lin = gru.linearise_kept(points[k0:k1], kept[k0:k1], cell, dt)
+            lin = gru.linearise_kept(points[k0:k1], kept[k0:k1], cell, dt, C)
         else:
             gx = input_gates(x[k0:k1], w_ih, b_in)
-            lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt)
+            lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt, C)
         reversed_time(lin.D, out=D_rev[end - k1 : end - k0])
         reversed_time(lin.C, out=C_rev[end - k1 : end - k0])
         A_n[k0:k1] = lin.A_n
