@@ -38,7 +38,6 @@ class GRULayerFunction(torch.autograd.Function):
         tg,
         keep: bool,
         memory,
-        lowp: Optional[torch.dtype],
     ):
         keep = keep and any(ctx.needs_input_grad[:6])
         points, hier, stats = forward_solve(
@@ -47,7 +46,7 @@ class GRULayerFunction(torch.autograd.Function):
         record.forward.append(stats)
         ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
-        ctx.tg, ctx.memory, ctx.lowp = tg, memory, lowp
+        ctx.tg, ctx.memory = tg, memory
         T = x.shape[0]
         h_n = points[T].clone()
         if tg is not None:  # the global end state lives on the last rank (in this direction)
@@ -85,19 +84,21 @@ class GRULayerFunction(torch.autograd.Function):
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad
         d_x = x.new_empty(x.shape) if need[0] else None
+        d_w_ih, d_w_hh = torch.zeros_like(w_ih), torch.zeros_like(w_hh)
         d_b_ih = w_hh.new_zeros(w_hh.shape[0])
         d_b_hh = w_hh.new_zeros(w_hh.shape[0])
         # Everything below is parallel over time: per block, the gate gradients of all its
-        # steps, then GEMMs over its rows (in ctx.lowp, accumulated in fp32, under autocast).
-        gemms = _BlockGemms(x, points, w_ih, ctx.lowp)
+        # steps, then GEMMs over its rows.
         for k0, k1, lam, C, A_n in adj.blocks(T, B):
             out = [workspace.buffer(f"bwd.block {name}", C.shape, C) for name in ("d_gx", "d_gh")]
             g = gru.gate_grads(lam, C, A_n, gru.GateGrads(*out))
             d_gx, d_gh = g.d_gx.view(-1, g.d_gx.shape[-1]), g.d_gh.view(-1, g.d_gh.shape[-1])
-            gemms(k0, k1, d_gx, d_gh, None if d_x is None else d_x[k0:k1].view(-1, I))
+            if d_x is not None:
+                torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
+            d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
+            d_w_hh.addmm_(d_gh.t(), points[k0:k1].reshape(-1, w_hh.shape[1]))
             d_b_ih += d_gx.sum(0)
             d_b_hh += d_gh.sum(0)
-        d_w_ih, d_w_hh = gemms.d_w_ih, gemms.d_w_hh
         d_h0 = adj.lam_rev[T].clone()
         if comm is not None:  # parameters and h0 are shared by the time slices
             if not comm.first:
@@ -111,35 +112,8 @@ class GRULayerFunction(torch.autograd.Function):
             d_w_hh if need[3] else None,
             d_b_ih if b_ih is not None and need[4] else None,
             d_b_hh if b_hh is not None and need[5] else None,
-            *(None,) * 9,  # cell, options, record, where, mask, tg, keep, memory, lowp
+            *(None,) * 8,  # cell, options, record, where, mask, tg, keep, memory
         )
-
-
-class _BlockGemms:
-    """The backward's GEMMs over a block of steps: ``d_x = d_gx W_ih``, ``d_W_ih += d_gx^T x``,
-    ``d_W_hh += d_gh^T h``. With ``lowp`` (autocast's dtype) their operands are cast to it and
-    the products accumulated in the parameters' dtype; else all in that dtype."""
-
-    def __init__(self, x: Tensor, points: Tensor, w_ih: Tensor, lowp: Optional[torch.dtype]):
-        self.x, self.points, self.lowp = x, points, lowp
-        self.w_ih = w_ih if lowp is None else w_ih.to(lowp)
-        self.d_w_ih = torch.zeros_like(w_ih)
-        self.d_w_hh = w_ih.new_zeros(3 * points.shape[-1], points.shape[-1])
-
-    def __call__(self, k0: int, k1: int, d_gx: Tensor, d_gh: Tensor, d_x: Optional[Tensor]):
-        x = self.x[k0:k1].reshape(-1, self.x.shape[-1])
-        h = self.points[k0:k1].reshape(-1, self.points.shape[-1])
-        if self.lowp is None:
-            if d_x is not None:
-                torch.mm(d_gx, self.w_ih, out=d_x)
-            self.d_w_ih.addmm_(d_gx.t(), x)
-            self.d_w_hh.addmm_(d_gh.t(), h)
-            return
-        d_gx, d_gh = d_gx.to(self.lowp), d_gh.to(self.lowp)
-        if d_x is not None:
-            d_x.copy_(d_gx @ self.w_ih)
-        self.d_w_ih += d_gx.t() @ x.to(self.lowp)
-        self.d_w_hh += d_gh.t() @ h.to(self.lowp)
 
 
 def gru_layer(
@@ -156,14 +130,12 @@ def gru_layer(
     mask=None,
     tg=None,
     memory=None,
-    lowp=None,
 ):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
     (the state stays fixed there, so ``h_n`` is each sequence's state at its own end).
     ``memory``: the module's :class:`mgrit_gru.gru.solve.DivergenceMemory` for
-    ``on_divergence="backoff"``, else None. ``lowp``: a dtype for the backward's GEMMs over
-    whole blocks of steps (autocast's), or None; the solves stay in the parameters' dtype."""
+    ``on_divergence="backoff"``, else None."""
     keep = options.keep_gates and torch.is_grad_enabled()  # else no backward reads them
     return GRULayerFunction.apply(
-        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, memory, lowp
+        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, memory
     )

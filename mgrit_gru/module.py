@@ -253,25 +253,21 @@ class GRU(nn.Module):
         ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
         state stays fixed, ``h_n`` is its state at its own end and its outputs are zero.
 
-        Inside an autocast region (``torch.autocast``) the solves run with autocast off, in
+        Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
         the parameters' dtype: a floating input (and h0) of another dtype, such as bf16 from
-        an autocast layer before it, is cast to it, and the outputs come in that dtype. Only
-        the backward's GEMMs over whole blocks of steps (input and weight gradients) take
-        autocast's dtype, where that pays: bf16 on a CPU with native bf16 GEMMs (see
-        :func:`lowp_gemm_dtype`)."""
+        an autocast layer before it, is cast to it, and the outputs come in that dtype."""
         param = self.weight_ih_l0
         if _autocast_enabled(param.device.type):
-            lowp = lowp_gemm_dtype(param)
             with torch.autocast(param.device.type, enabled=False):
                 data = input.data if isinstance(input, PackedSequence) else input
                 if isinstance(data, Tensor) and data.is_floating_point():
                     input = input.to(param.dtype)
                 if isinstance(hx, Tensor) and hx.is_floating_point():
                     hx = hx.to(param.dtype)
-                return self._forward(input, hx, lengths, lowp)
+                return self._forward(input, hx, lengths)
         return self._forward(input, hx, lengths)
 
-    def _forward(self, input, hx: Optional[Tensor], lengths: Optional[Tensor], lowp=None) -> tuple:
+    def _forward(self, input, hx: Optional[Tensor], lengths: Optional[Tensor]) -> tuple:
         packed = isinstance(input, PackedSequence)
         if packed:
             if self.time_group is not None:
@@ -298,7 +294,7 @@ class GRU(nn.Module):
         if lengths is not None and int(lengths.min()) < steps:
             t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
             mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
-        out, h_n = self._run(x, hx, mask, tg, lowp)
+        out, h_n = self._run(x, hx, mask, tg)
         if packed:
             order = sorted_indices if sorted_indices is not None else torch.arange(B)
             data = pack_padded_sequence(
@@ -311,7 +307,7 @@ class GRU(nn.Module):
             out = out.transpose(0, 1)
         return out, h_n
 
-    def _run(self, x: Tensor, hx: Optional[Tensor], mask, tg, lowp=None) -> tuple[Tensor, Tensor]:
+    def _run(self, x: Tensor, hx: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
         """All layers and directions. The reverse direction runs over the flipped padded
         axis: a sequence's padding then comes first, as identity steps (mask 0) that keep h0,
         so its real steps see the sequence reversed within its length, as in torch.nn.GRU."""
@@ -344,7 +340,6 @@ class GRU(nn.Module):
                     None if mask is None else flip(mask),
                     tg,
                     memory,
-                    lowp,
                 )
                 outs.append(flip(y))
                 h_n.append(h_last)
@@ -362,30 +357,6 @@ def _all_finite(t: Tensor) -> bool:
     there is none: one reduction (0.1 ms for 2M floats here, where ``isfinite(t).all()`` took
     5 ms). A sum that overflowed from finite values falls to the exact check."""
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
-
-
-def lowp_gemm_dtype(param: Tensor) -> Optional[torch.dtype]:
-    """Inside autocast: the dtype for the backward's block GEMMs, or None (all in the
-    parameters' dtype). bf16 where the parameters are fp32 on a CPU whose oneDNN has native
-    bf16 GEMMs: there those GEMMs ran 0.58x the fp32 time (``benchmarks/bf16_check.py``),
-    while the solves' own steps did not gain (0.96-2.1x) and stay fp32. Elsewhere (fp16, CUDA:
-    not measured here) None."""
-    if param.dtype != torch.float32 or param.device.type != "cpu":
-        return None
-    try:
-        dtype = torch.get_autocast_dtype("cpu")
-    except AttributeError:  # torch < 2.4
-        dtype = torch.get_autocast_cpu_dtype()
-    if dtype != torch.bfloat16 or not _native_bf16():
-        return None
-    return dtype
-
-
-def _native_bf16() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _autocast_enabled(device_type: str) -> bool:

@@ -215,50 +215,6 @@ def test_autocast_bf16_runs_the_solve_in_the_parameters_dtype():
     assert torch.equal(y.detach(), y_fp32.detach())
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_autocast_bf16_takes_the_backward_block_gemms_only(monkeypatch, native):
-    """Under CPU autocast with bf16 (where oneDNN has native bf16 GEMMs; forced here) the
-    backward's block GEMMs run in bf16: input and weight gradients within bf16's error of the
-    fp32 ones, everything the solves produce (outputs, h_n, the h0 and bias gradients) bit for
-    bit fp32's. Without native bf16, everything is fp32's."""
-    from mgrit_gru import module
-
-    monkeypatch.setattr(module, "_native_bf16", lambda: native)
-    torch.manual_seed(0)
-    gru = mgrit_gru.GRU(4, 16, dtype=torch.float32, solver=mgrit_gru.MGRIT(cfactor=8))
-    x = torch.randn(300, 3, 4, dtype=torch.float32)
-    h0 = torch.randn(1, 3, 16, dtype=torch.float32)
-    wy = torch.randn(300, 3, 16, dtype=torch.float32)
-    results = []
-    for amp in (False, True):
-        leaves = [x.clone().requires_grad_(), h0.clone().requires_grad_()]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-            y, h_n = gru(*leaves)
-        loss = (y * wy).sum() + h_n.sum()
-        grads = torch.autograd.grad(loss, [*leaves, *gru.parameters()])
-        results.append(
-            dict(zip(["y", "h_n", "x", "h0", "w_ih", "w_hh", "b_ih", "b_hh"], [y, h_n, *grads]))
-        )
-    fp32, amp = results
-    for name in ("y", "h_n", "h0", "b_ih", "b_hh"):
-        assert torch.equal(fp32[name], amp[name]), name
-    for name in ("x", "w_ih", "w_hh"):
-        rel = ((amp[name] - fp32[name]).norm() / fp32[name].norm()).item()
-        assert (0 < rel < 2e-2) if native else rel == 0, (name, rel)
-
-
-def test_autocast_fp16_on_cpu_stays_fp32(monkeypatch):
-    from mgrit_gru import module
-
-    monkeypatch.setattr(module, "_native_bf16", lambda: True)
-    gru = mgrit_gru.GRU(4, 8, dtype=torch.float32)
-    with torch.autocast("cpu", dtype=torch.float16):
-        assert module.lowp_gemm_dtype(gru.weight_ih_l0) is None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert module.lowp_gemm_dtype(gru.weight_ih_l0) == torch.bfloat16
-        assert module.lowp_gemm_dtype(gru.double().weight_ih_l0) is None
-
-
 @pytest.mark.parametrize(
     "solver,cell,varlen,bidirectional,B",
     [
