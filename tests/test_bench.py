@@ -96,3 +96,16 @@ def test_bench_under_autocast_reports_errors_against_fp32(tmp_path):
     assert rows["mgrit(cfactor=8,tol=1e-07)"]["rel_grad_err"] < 1e-4
     assert all(r["peak_mb"] is None for r in rows.values())
     assert json.loads(path.read_text())["meta"]["autocast"] == "bf16"
+
+
+def test_bench_float64_errors_keep_float64_precision(tmp_path):
+    """The errors of a float64 bench are computed in float64 (an exact row reads 0, a tight
+    MGRIT row far below float32's resolution)."""
+    path = tmp_path / "f64.json"
+    argv = ["bench", "--T", "64", "--batch", "2", "--input", "3", "--hidden", "8", "--no-torch"]
+    argv += ["--repeats", "1", "--settings", "cfactor=8,tol=1e-12,max_iters=50"]
+    assert main([*argv, "--dtype", "float64", "--no-memory", "--json", str(path)]) == 0
+    rows = {r["solver"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["serial"]["rel_grad_err"] == 0.0
+    mgrit = rows["mgrit(cfactor=8,tol=1e-12,max_iters=50)"]
+    assert mgrit["max_abs_y_err"] < 1e-12 and mgrit["rel_grad_err"] < 1e-12
