@@ -6,13 +6,13 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import workspace
 from .gru import cell as gru
+from .gru import reference
 from .gru.solve import adjoint_solve, forward_solve
 from .options import MGRIT
-from .stats import RunStats
+from .stats import RunStats, SolveStats
 
 
 class GRULayerFunction(torch.autograd.Function):
@@ -44,7 +44,7 @@ class GRULayerFunction(torch.autograd.Function):
             x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, memory
         )
         record.forward.append(stats)
-        ctx.save_for_backward(x, w_ih, w_hh, b_ih, b_hh, points, mask)
+        ctx.save_for_backward(x, h0, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
         ctx.tg, ctx.memory = tg, memory
         T = x.shape[0]
@@ -54,9 +54,10 @@ class GRULayerFunction(torch.autograd.Function):
         return points[1:], h_n
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, d_y, d_hn):
-        x, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the backward must be differentiable
+            return _differentiable_backward(ctx, d_y, d_hn)
+        x, _, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
         tg = ctx.tg
         comm = None if tg is None else tg.comm(reverse=ctx.where[1])
@@ -114,6 +115,33 @@ class GRULayerFunction(torch.autograd.Function):
             d_b_hh if b_hh is not None and need[5] else None,
             *(None,) * 8,  # cell, options, record, where, mask, tg, keep, memory
         )
+
+
+def _differentiable_backward(ctx, d_y, d_hn):
+    """The vector-Jacobian product by autograd through the serial recurrence
+    (:mod:`mgrit_gru.gru.reference`), recorded so that it can be differentiated again: the
+    gradient of the serial GRU, which MGRIT's forward matches within its tolerance."""
+    if ctx.tg is not None:
+        raise RuntimeError(
+            "mgrit_gru.GRU: double backward (create_graph=True) is not supported with "
+            "time_group=; run the layer without a time group for gradient penalties"
+        )
+    x, h0, w_ih, w_hh, b_ih, b_hh, _, mask = ctx.saved_tensors
+    ctx.hier.release_kept()
+    inputs = (x, h0, w_ih, w_hh, b_ih, b_hh)
+    need = [n and t is not None for t, n in zip(inputs, ctx.needs_input_grad[:6])]
+    wrt = [t for t, n in zip(inputs, need) if n]
+    grads = iter(())
+    if wrt:
+        y, h_n = reference.layer(x, h0, w_ih, w_hh, b_ih, b_hh, ctx.cell, mask)
+        grads = iter(
+            torch.autograd.grad((y, h_n), wrt, (d_y, d_hn), create_graph=True, allow_unused=True)
+        )
+    out = [next(grads) if n else None for n in need]
+    ctx.record.backward.append(
+        SolveStats("backward", *ctx.where, x.shape[0], 1, 0, (), True, False)
+    )
+    return (*out, *(None,) * 8)
 
 
 def gru_layer(

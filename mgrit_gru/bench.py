@@ -124,7 +124,7 @@ def _rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def bench_one_length(T, args, settings, log=print) -> list[dict]:
+def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     ref, x, w_y, w_h = problem(
         T,
@@ -166,7 +166,7 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             "solver": row.name,
             "fwd_s": statistics.median(row.fwd),
             "train_s": train,
-            "speedup_vs_torch": base.get("torch.nn.GRU", float("nan")) / train,
+            "speedup_vs_torch": base["torch.nn.GRU"] / train if "torch.nn.GRU" in base else None,
             "speedup_vs_serial": base["serial"] / train,
             "max_abs_y_err": (row.y - exact.y).abs().max().item(),
             "rel_grad_err": max(_rel(a.to(b.dtype), b) for a, b in zip(row.grads, exact.grads)),
@@ -181,7 +181,7 @@ def bench_one_length(T, args, settings, log=print) -> list[dict]:
             "options": asdict(row.opts) if row.opts else None,
         }
         results.append(rec)
-        log(format_row(rec))
+        log(format_row(rec, cols))
     return results
 
 
@@ -205,23 +205,48 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
     )
 
 
-HEADER = (
-    f"{'T':>6} {'solver':<28} {'fwd ms':>8} {'train ms':>9} {'x torch':>8} {'x serial':>9} "
-    f"{'it f/b':>6} {'max|dy|':>8} {'rel dgrad':>9} {'peak MB':>8} {'/torch':>6}"
-)
+# The table's columns: (title, width, cell text of a row); torch's and the memory columns
+# only where they were measured.
+COLUMNS = [
+    ("T", 6, lambda r: f"{r['T']}"),
+    ("solver", -28, lambda r: r["solver"]),
+    ("fwd ms", 8, lambda r: f"{1e3 * r['fwd_s']:.1f}"),
+    ("train ms", 9, lambda r: f"{1e3 * r['train_s']:.1f}"),
+    ("x torch", 8, lambda r: f"{r['speedup_vs_torch']:.2f}"),
+    ("x serial", 9, lambda r: f"{r['speedup_vs_serial']:.2f}"),
+    ("it f/b", 6, lambda r: _iterations(r)),
+    ("max|dy|", 8, lambda r: f"{r['max_abs_y_err']:.1e}"),
+    ("rel dgrad", 9, lambda r: f"{r['rel_grad_err']:.1e}"),
+    ("peak MB", 8, lambda r: "-" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"),
+    ("/torch", 6, lambda r: "-" if r.get("peak_vs_torch") is None else f"{r['peak_vs_torch']:.2f}"),
+]
 
 
-def format_row(r: dict) -> str:
-    its = "-" if r["fwd_iters"] is None else f"{r['fwd_iters']}/{r['bwd_iters']}"
-    if r.get("fell_back"):
-        its += "!"
-    peak = "-" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"
-    ratio = "-" if r.get("peak_vs_torch") is None else f"{r['peak_vs_torch']:.2f}"
-    return (
-        f"{r['T']:>6} {r['solver']:<28} {1e3 * r['fwd_s']:>8.1f} {1e3 * r['train_s']:>9.1f} "
-        f"{r['speedup_vs_torch']:>8.2f} {r['speedup_vs_serial']:>9.2f} {its:>6} "
-        f"{r['max_abs_y_err']:>8.1e} {r['rel_grad_err']:>9.1e} {peak:>8} {ratio:>6}"
-    )
+def _iterations(r: dict) -> str:
+    if r["fwd_iters"] is None:
+        return "-"
+    return f"{r['fwd_iters']}/{r['bwd_iters']}" + ("!" if r.get("fell_back") else "")
+
+
+def columns(torch_row: bool = True, memory_cols: bool = True) -> list:
+    skip = set()
+    if not torch_row:
+        skip |= {"x torch", "/torch"}
+    if not memory_cols:
+        skip |= {"peak MB", "/torch"}
+    return [c for c in COLUMNS if c[0] not in skip]
+
+
+def _cell(text: str, width: int) -> str:
+    return f"{text:<{-width}}" if width < 0 else f"{text:>{width}}"
+
+
+def header(cols=None) -> str:
+    return " ".join(_cell(title, width) for title, width, _ in cols or COLUMNS)
+
+
+def format_row(r: dict, cols=None) -> str:
+    return " ".join(_cell(text(r), width) for _, width, text in cols or COLUMNS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -232,12 +257,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[1024, 4096, 16384],
         help="sequence lengths (default: 1024 4096 16384)",
     )
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--input", type=int, default=32)
-    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
+    p.add_argument("--input", type=int, default=32, help="input features (default 32)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float32",
+        help="dtype of weights and data (default float32)",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     p.add_argument(
         "--zbias",
@@ -263,7 +293,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run every row under torch.autocast with this dtype; errors are then against "
         "the serial solve without autocast (no peak-memory column)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the random-init GRU, its input and the loss weights (default 0)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     p.add_argument(
         "--time-parallel",
@@ -387,16 +422,24 @@ def run(args: argparse.Namespace) -> list[dict]:
             else platform.processor() or platform.machine()
         )
     )
+    memory_cols = not args.no_memory and not args.autocast and memory.supported(args.device)
+    cols = columns(not args.no_torch, memory_cols)
     print(
         "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "
-        "the training step; errors against the serial solve (fp32, without autocast); peak MB "
-        "= the step's peak memory "
-        "(fresh process: resident-set high-water growth on CPU, max_memory_allocated on CUDA)"
+        "the training step; it f/b = MGRIT cycles of the forward / adjoint solve (! = it fell "
+        "back to the serial solve); max|dy|, rel dgrad = output and worst relative gradient "
+        "error against the serial solve (fp32, without autocast)"
+        + (
+            "; peak MB = the step's peak memory (fresh process: resident-set high-water growth "
+            "on CPU, max_memory_allocated on CUDA)"
+            if memory_cols
+            else ""
+        )
     )
-    print(HEADER)
+    print(header(cols))
     results = []
     for T in args.T:
-        results += bench_one_length(T, args, settings)
+        results += bench_one_length(T, args, settings, cols=cols)
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "func"}
         meta.update(

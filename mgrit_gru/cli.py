@@ -137,14 +137,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .app.train import Interrupted
+    from .gru.solve import DivergenceError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, DatasetError) as exc:
-        print(f"mgrit-gru {args.command}: error: {exc}", file=sys.stderr)
+    except Interrupted as exc:
+        print(f"mgrit-gru {args.command}: {exc}", file=sys.stderr)
+        return 130  # the shell's code for a run stopped by Ctrl-C
+    except (ValueError, TypeError, OSError, DatasetError, DivergenceError) as exc:
+        print(f"mgrit-gru {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+        return f"{type(exc).__name__}: {text}"
+    return text
 
 
 if __name__ == "__main__":

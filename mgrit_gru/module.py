@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -72,6 +73,13 @@ class GRU(nn.Module):
             raise ValueError(f"GRU: dropout must be a number in [0, 1], got {dropout!r}")
         if cell not in CELLS:
             raise ValueError(f"GRU: unknown cell={cell!r}; choose one of {CELLS}")
+        if dropout > 0 and num_layers == 1:  # torch.nn.GRU's warning, word for word
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so non-zero "
+                "dropout expects num_layers greater than 1, but got "
+                f"dropout={dropout} and num_layers={num_layers}",
+                stacklevel=2,
+            )
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
@@ -99,6 +107,58 @@ class GRU(nn.Module):
                     self._flat_weights_names.append(name)
         self.reset_parameters()
 
+    @property
+    def solver(self):
+        """The solver options (:class:`mgrit_gru.MGRIT`). Assigning ``"serial"``, ``"mgrit"``
+        or an ``MGRIT`` object takes effect from the next call."""
+        return self._solver
+
+    @solver.setter
+    def solver(self, value) -> None:
+        self._solver = as_options(value)
+
+    @property
+    def _all_weights(self) -> list[list[str]]:
+        per = 4 if self.bias else 2
+        names = self._flat_weights_names
+        return [names[i : i + per] for i in range(0, len(names), per)]
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """As ``torch.nn.GRU.all_weights``: per layer and direction, its parameters."""
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    def flatten_parameters(self) -> None:
+        """As ``torch.nn.GRU.flatten_parameters``; a no-op (no cuDNN weight buffer here)."""
+
+    def __prepare_scriptable__(self):
+        raise RuntimeError(
+            "mgrit_gru.GRU cannot be compiled by torch.jit.script: its solver is Python code "
+            "around a torch.autograd.Function. For TorchScript export its weights as a "
+            "torch.nn.GRU with gru.to_torch() (the same function, solved serially)"
+        )
+
+    def to_torch(self) -> nn.GRU:
+        """A ``torch.nn.GRU`` with these weights (same device and dtype); classic cell only."""
+        if self.cell != "classic":
+            raise ValueError("GRU.to_torch: torch.nn.GRU has no implicit cell")
+        weight = self.weight_ih_l0
+        with warnings.catch_warnings():  # torch's own dropout warning was given already
+            warnings.simplefilter("ignore", UserWarning)
+            module = nn.GRU(
+                self.input_size,
+                self.hidden_size,
+                self.num_layers,
+                self.bias,
+                self.batch_first,
+                self.dropout,
+                self.bidirectional,
+                device=weight.device,
+                dtype=weight.dtype,
+            )
+        module.load_state_dict(self.state_dict())
+        return module
+
     def reset_parameters(self) -> None:
         """``torch.nn.GRU``'s initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
         bound = 1.0 / math.sqrt(self.hidden_size)
@@ -115,19 +175,21 @@ class GRU(nn.Module):
         if getattr(module, "proj_size", 0):
             raise ValueError("GRU.from_torch: proj_size is not supported")
         weight = module.weight_ih_l0
-        new = cls(
-            module.input_size,
-            module.hidden_size,
-            module.num_layers,
-            module.bias,
-            module.batch_first,
-            module.dropout,
-            module.bidirectional,
-            device=weight.device,
-            dtype=weight.dtype,
-            solver=solver,
-            cell=cell,
-        )
+        with warnings.catch_warnings():  # torch.nn.GRU warned about its dropout already
+            warnings.simplefilter("ignore", UserWarning)
+            new = cls(
+                module.input_size,
+                module.hidden_size,
+                module.num_layers,
+                module.bias,
+                module.batch_first,
+                module.dropout,
+                module.bidirectional,
+                device=weight.device,
+                dtype=weight.dtype,
+                solver=solver,
+                cell=cell,
+            )
         new.load_state_dict(module.state_dict())
         return new
 
@@ -165,6 +227,11 @@ class GRU(nn.Module):
                 f"GRU: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
             )
         param = self.weight_ih_l0
+        if not x.is_floating_point():
+            raise TypeError(
+                f"GRU: input must be a floating-point tensor, got {x.dtype}; convert it, e.g. "
+                f"x.to({param.dtype})"
+            )
         if x.dtype != param.dtype:
             raise TypeError(
                 f"GRU: input dtype {x.dtype} does not match the parameters' dtype {param.dtype}; "
@@ -290,11 +357,19 @@ class GRU(nn.Module):
                 f"GRU: lengths must lie in [1, {steps}] (the padded length), got "
                 f"min {int(lengths.min())} max {int(lengths.max())}"
             )
+        # float16 / bfloat16 models solve in float32: the tolerance of MGRIT (1e-5 by default)
+        # lies below their resolution, and a serial sweep in half precision drifts. Parameters,
+        # input and h0 are cast (differentiably), the outputs come back in the model's dtype.
+        dtype = x.dtype
+        if dtype in HALF:
+            x = x.float()
+            hx = None if hx is None else hx.float()
         mask = None
         if lengths is not None and int(lengths.min()) < steps:
             t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
             mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
         out, h_n = self._run(x, hx, mask, tg)
+        out, h_n = out.to(dtype), h_n.to(dtype)
         if packed:
             order = sorted_indices if sorted_indices is not None else torch.arange(B)
             data = pack_padded_sequence(
@@ -324,7 +399,8 @@ class GRU(nn.Module):
         for layer in range(self.num_layers):
             outs = []
             for direction in range(directions):
-                w_ih, w_hh, b_ih, b_hh = self._weights(layer, direction)
+                weights = self._weights(layer, direction)
+                w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
                 y, h_last = gru_layer(
                     flip(layer_in),
@@ -350,6 +426,9 @@ class GRU(nn.Module):
                 layer_out = F.dropout(layer_out, self.dropout, training=True)
             layer_in = layer_out
         return layer_in, torch.stack(h_n)
+
+
+HALF = (torch.float16, torch.bfloat16)
 
 
 def _all_finite(t: Tensor) -> bool:

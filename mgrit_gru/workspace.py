@@ -6,6 +6,10 @@ their large temporaries from a per-thread pool keyed by name, grown on demand an
 calls (like cuDNN's workspace). CUDA tensors come from torch's caching allocator as usual.
 ``release()`` frees the pool. A :func:`buffer` must never escape the solve that took it.
 
+The pool is per thread and keyed by dtype and by whether inference mode is on: a tensor made
+under ``torch.inference_mode()`` can never again be written outside it, so a call there (a
+validation loop) must not hand its buffers to a later training call.
+
 Tensors that live from a forward to its backward (the kept gates) are *leased* instead:
 :func:`lease` hands out a pooled tensor that no one else holds, :func:`give_back` returns it
 once its last reader is done. One that is never given back (a graph dropped before its
@@ -23,11 +27,13 @@ from torch import Tensor
 _local = threading.local()
 
 
-def _pool() -> dict:
-    pool = getattr(_local, "pool", None)
-    if pool is None:
-        pool = _local.pool = {}
-    return pool
+def _pool(inference: bool | None = None) -> dict:
+    pools = getattr(_local, "pools", None)
+    if pools is None:
+        pools = _local.pools = {}
+    if inference is None:
+        inference = torch.is_inference_mode_enabled()
+    return pools.setdefault(inference, {})
 
 
 def buffer(name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
@@ -65,7 +71,7 @@ def give_back(tensor: Tensor) -> None:
     """Return a tensor from :func:`lease`; the caller must not use it afterwards."""
     if tensor.device.type != "cpu":
         return
-    free = _pool().setdefault(("lease", tensor.dtype), [])
+    free = _pool(tensor.is_inference()).setdefault(("lease", tensor.dtype), [])
     if len(free) < MAX_FREE:
         base = tensor if tensor._base is None else tensor._base
         free.append(base.view(-1))
@@ -73,13 +79,14 @@ def give_back(tensor: Tensor) -> None:
 
 def release() -> None:
     """Free every pooled buffer of this thread."""
-    _pool().clear()
+    getattr(_local, "pools", {}).clear()
 
 
 def held_bytes() -> int:
     """Bytes currently held by this thread's pool."""
     return sum(
         t.numel() * t.element_size()
-        for v in _pool().values()
+        for pool in getattr(_local, "pools", {}).values()
+        for v in pool.values()
         for t in (v if isinstance(v, list) else [v])
     )

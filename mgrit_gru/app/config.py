@@ -9,67 +9,109 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
 from ..options import COARSE_GATES_CHOICES, MGRIT, ON_DIVERGENCE_CHOICES, RELAX_CHOICES
+from .datasets import SYNTHETIC_DEFAULT_LENGTH
 
 
-def _choice(*values: str) -> Any:
-    return {"choices": values}
+def _opt(default: Any, helptext: str, *choices: str) -> Any:
+    """A config field with its --help sentence (and, for a string, its legal values)."""
+    metadata: dict[str, Any] = {"help": helptext}
+    if choices:
+        metadata["choices"] = choices
+    return field(default=default, metadata=metadata)
+
+
+# Fields that do not change what a run computes: a resumed run may give them anew.
+NOT_TRAINING = ("threads", "timeout")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on. Stored as config.json in the run folder and in
-    every checkpoint; a resumed run must match it."""
+    every checkpoint; a resumed run must match it (but for :data:`NOT_TRAINING`)."""
 
-    dataset: str = field(default="smnist", metadata={"help": "dataset name or npz:PATH"})
-    length: Optional[int] = field(default=None, metadata={"help": "T of the synthetic tasks"})
-    max_train: Optional[int] = field(default=None, metadata={"help": "use the first N train"})
-    max_test: Optional[int] = field(default=None, metadata={"help": "use the first N test"})
-    hidden: int = 64
-    layers: int = 1
-    bidirectional: bool = False
-    dropout: float = 0.0
-    cell: str = field(default="classic", metadata=_choice("classic", "implicit"))
-    solver: str = field(default="mgrit", metadata=_choice("mgrit", "serial", "torch"))
-    cfactor: Union[int, str] = field(
-        default=32, metadata={"help": "int >= 2 or auto (chosen per call from T and batch)"}
+    dataset: str = _opt("smnist", "dataset: a built-in name or npz:PATH to your own arrays")
+    length: Optional[int] = _opt(
+        None,
+        "sequence length T of the synthetic tasks adding and recall "
+        f"(default there: {SYNTHETIC_DEFAULT_LENGTH}); refused for real data sets",
     )
-    levels: Union[int, str] = field(default="auto", metadata={"help": "int or auto"})
-    relax: str = field(default="FCF", metadata=_choice(*RELAX_CHOICES))
-    tol: float = 1e-5
-    max_iters: int = 10
-    backward_tol: Optional[float] = None
-    backward_max_iters: Optional[int] = None
-    coarse_gates: str = field(default="average", metadata=_choice(*COARSE_GATES_CHOICES))
-    on_divergence: str = field(
-        default="fallback",
-        metadata={
-            **_choice(*ON_DIVERGENCE_CHOICES),
-            "help": "a diverging MGRIT solve: fall back to serial; also skip MGRIT in the next "
-            "1, 2, 4 ... 64 calls (backoff); or stop",
-        },
+    max_train: Optional[int] = _opt(None, "train on the first N training sequences only")
+    max_test: Optional[int] = _opt(None, "evaluate on the first N test sequences only")
+    hidden: int = _opt(64, "hidden units per GRU layer and direction")
+    layers: int = _opt(1, "stacked GRU layers")
+    bidirectional: bool = _opt(False, "a second GRU direction that reads the sequence backward")
+    dropout: float = _opt(
+        0.0,
+        "dropout probability on the outputs of every GRU layer but the last (needs "
+        "--layers >= 2, as in torch.nn.GRU)",
     )
-    keep_gates: bool = field(
-        default=True,
-        metadata={"help": "keep the gates for the backward (--no-keep-gates: recompute them)"},
+    cell: str = _opt(
+        "classic",
+        "the GRU's update: classic (torch.nn.GRU) or implicit (Moon & Cyr 2022)",
+        "classic",
+        "implicit",
     )
-    early_exit: bool = field(
-        default=True,
-        metadata={
-            "help": "end a relaxation sweep once its chunks have forgotten their new start "
-            "(--no-early-exit: run every sweep to the end)"
-        },
+    solver: str = _opt(
+        "mgrit",
+        "how the GRU is solved: mgrit (parallel in time), serial (exact sequential, same "
+        "kernels) or torch (torch.nn.GRU, as a reference)",
+        "mgrit",
+        "serial",
+        "torch",
     )
-    optimizer: str = field(default="adam", metadata=_choice("adam", "sgd", "rmsprop"))
-    lr: float = 5e-3
-    weight_decay: float = 0.0
-    clip: float = field(default=1.0, metadata={"help": "gradient-norm clip (0: off)"})
-    epochs: int = 10
-    batch_size: int = 32
-    seed: int = 0
-    device: str = "cpu"
-    threads: Optional[int] = field(default=2, metadata={"help": "torch threads (none: default)"})
-    time_parallel: int = field(
-        default=1, metadata={"help": "ranks sharing each sequence in time (run under torchrun)"}
+    cfactor: Union[int, str] = _opt(
+        32,
+        "MGRIT chunk length (coarsening factor, an int >= 2) or auto (chosen per call from "
+        "T, batch and hidden size)",
+    )
+    levels: Union[int, str] = _opt(
+        "auto", "MGRIT time grids (an int; auto: coarsen until <= cfactor coarse steps)"
+    )
+    relax: str = _opt("FCF", "MGRIT relaxation: F or FCF", *RELAX_CHOICES)
+    tol: float = _opt(1e-5, "MGRIT forward tolerance on the largest absolute residual")
+    max_iters: int = _opt(10, "cap on MGRIT forward cycles per call")
+    backward_tol: Optional[float] = _opt(
+        None, "adjoint tolerance, relative to the largest incoming gradient (none: --tol)"
+    )
+    backward_max_iters: Optional[int] = _opt(
+        None, "cap on adjoint cycles per call (none: --max-iters)"
+    )
+    coarse_gates: str = _opt(
+        "average",
+        "what a coarse implicit step reads: the input gates averaged over its interval, or "
+        "injected from its first step",
+        *COARSE_GATES_CHOICES,
+    )
+    on_divergence: str = _opt(
+        "fallback",
+        "a diverging MGRIT solve: fall back to serial; also skip MGRIT in the next "
+        "1, 2, 4 ... 64 calls (backoff); or stop",
+        *ON_DIVERGENCE_CHOICES,
+    )
+    keep_gates: bool = _opt(
+        True, "keep the gates for the backward (--no-keep-gates: recompute them)"
+    )
+    early_exit: bool = _opt(
+        True,
+        "end a relaxation sweep once its chunks have forgotten their new start "
+        "(--no-early-exit: run every sweep to the end)",
+    )
+    optimizer: str = _opt("adam", "the optimiser", "adam", "sgd", "rmsprop")
+    lr: float = _opt(5e-3, "learning rate")
+    weight_decay: float = _opt(0.0, "L2 weight decay of the optimiser (0: none)")
+    clip: float = _opt(1.0, "clip the gradient's global norm to this (0: off)")
+    epochs: int = _opt(10, "training epochs (with --resume: train on up to this many)")
+    batch_size: int = _opt(32, "sequences per training step")
+    seed: int = _opt(0, "seed of the initial weights, the data order and dropout")
+    device: str = _opt("cpu", "torch device: cpu or cuda[:N]")
+    threads: Optional[int] = _opt(
+        2, "torch CPU threads (none: torch's default, usually one per core)"
+    )
+    time_parallel: int = _opt(
+        1, "ranks sharing each sequence in time (run under torchrun --nproc-per-node P)"
+    )
+    timeout: float = _opt(
+        60.0, "seconds a time-parallel rank waits for the others before it fails and names them"
     )
 
     def __post_init__(self) -> None:
@@ -84,12 +126,14 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
-        for name in ("lr", "weight_decay", "clip", "dropout", "tol"):
+        for name in ("lr", "weight_decay", "clip", "dropout", "tol", "timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value!r}")
         if self.lr == 0:
             raise ValueError("--lr must be > 0")
+        if self.timeout == 0:
+            raise ValueError("--timeout must be > 0")
         if self.dropout >= 1:
             raise ValueError(f"--dropout must be < 1, got {self.dropout}")
         for f in fields(self):
@@ -150,6 +194,20 @@ def parse_device(text: str):
     return device
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two --device texts name the same device ("cpu" and "cpu:0", "cuda" and
+    "cuda:0" do)."""
+    import torch
+
+    try:
+        da, db = torch.device(a), torch.device(b)
+    except RuntimeError:
+        return a == b
+    if da.type != db.type:
+        return False
+    return da.type == "cpu" or (da.index or 0) == (db.index or 0)
+
+
 def _flag(name: str) -> str:
     return name.replace("_", "-")
 
@@ -172,7 +230,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         flag = "--" + _flag(f.name)
         default = f.default
         helptext = f.metadata.get("help", "")
-        helptext = f"{helptext} (default: {default})".strip()
+        shown = "none" if default is None else default
+        helptext = f"{helptext} (default: {shown})".strip()
         if f.type in ("bool", bool):
             parser.add_argument(
                 flag,

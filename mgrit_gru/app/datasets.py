@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +177,11 @@ def _npz(path_text: str):
     path = Path(path_text)
     if not path.is_file():
         raise DatasetError(f"npz dataset: no such file: {path}")
+    if not zipfile.is_zipfile(path):  # .npz is a zip archive of .npy arrays
+        raise DatasetError(
+            f"npz dataset {path}: not an .npz archive (write one with numpy.savez(path, "
+            "x_train=..., y_train=..., x_test=..., y_test=...))"
+        )
     try:
         data = np.load(path, allow_pickle=False)
     except Exception as exc:  # a corrupt archive
@@ -194,6 +200,11 @@ def _npz(path_text: str):
         if x.ndim != 3:
             raise DatasetError(
                 f"npz dataset {path}: {key} must be (N, T, F) or (N, T), got shape {x.shape}"
+            )
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise DatasetError(
+                f"npz dataset {path}: {key} is empty (shape {x.shape}); need at least one "
+                "sequence of at least one step"
             )
         if not np.isfinite(x).all():
             raise DatasetError(f"npz dataset {path}: {key} contains NaN or Inf")
@@ -222,6 +233,12 @@ def _npz(path_text: str):
     classes = int(labels.max()) + 1
     if classes < 2:
         raise DatasetError(f"npz dataset {path}: need at least 2 classes")
+    unseen = sorted(set(arrays["y_test"].tolist()) - set(arrays["y_train"].tolist()))
+    if unseen:
+        raise DatasetError(
+            f"npz dataset {path}: y_test holds label(s) {unseen[:10]} that y_train never does; "
+            "a classifier cannot learn them"
+        )
     meta = {"source": f"npz: {path}"}
     return (
         arrays["x_train"],
@@ -247,6 +264,7 @@ LOADERS: dict[str, Loader] = {
     "recall": lambda seed, length: _recall(seed, length or SYNTHETIC_DEFAULT_LENGTH, 2000, 500),
 }
 NAMES = tuple(LOADERS) + ("npz:PATH",)
+SYNTHETIC = ("adding", "recall")  # the tasks that take --length
 
 
 def _standardise(x_tr, n_tr, x_te, n_te):
@@ -274,7 +292,7 @@ def load(name: str, *, seed: int = 0, length: Optional[int] = None) -> Dataset:
     if name.startswith("npz:"):
         parts = _npz(name[4:])
     elif name in LOADERS:
-        if length is not None and name not in ("adding", "recall"):
+        if length is not None and name not in SYNTHETIC:
             raise DatasetError(f"--length applies to the synthetic tasks only, not {name}")
         if length is not None and length < 2:
             raise DatasetError(f"--length must be >= 2, got {length}")

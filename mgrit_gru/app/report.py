@@ -8,6 +8,8 @@ from pathlib import Path
 from .config import TrainConfig
 
 COLORS = {"mgrit": "tab:blue", "serial": "tab:orange", "torch": "tab:green"}
+# Runs of exact solvers often coincide: distinct line styles and markers keep each visible.
+STYLES = {"mgrit": ("-", "o", 6), "serial": ("--", "s", 5), "torch": (":", "^", 4)}
 
 
 def _figure(title: str, xlabel: str, ylabel: str, log: bool = False):
@@ -39,14 +41,31 @@ def _curves(path: Path, title: str, ylabel: str, series: dict[str, dict[str, lis
     fig, ax = _figure(title, "epoch", ylabel)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for label, s in series.items():
+        style, marker, size = STYLES.get(label, (s.get("style", "-"), "o", 3))
         ax.plot(
-            s["x"], s["y"], s.get("style", "-"), marker="o", ms=3, color=s.get("color"), label=label
+            s["x"],
+            s["y"],
+            s.get("style", style),
+            marker=marker,
+            ms=size,
+            mfc="none",
+            color=s.get("color"),
+            label=label,
         )
     ax.legend()
     return _save(fig, path)
 
 
-def plot_residuals(path: Path, history: list[dict]) -> str | None:
+def plot_residuals(
+    path: Path, history: list[dict], tol: float | None = None, backward_tol: float | None = None
+) -> str | None:
+    fig = residual_figure(history, tol, backward_tol)
+    return None if fig is None else _save(fig, path)
+
+
+def residual_figure(history: list[dict], tol: float | None = None, backward_tol=None):
+    """The residual histories of the last batch of each epoch, with the tolerances as lines
+    (``backward_tol`` None: the same as ``tol``, relative to the incoming gradient)."""
     rows = [r for r in history if r.get("fwd_residuals_last_batch")]
     if not rows:
         return None
@@ -71,12 +90,21 @@ def plot_residuals(path: Path, history: list[dict]) -> str | None:
             if values:
                 label = f"{name} epoch {r['epoch']}" if i in (0, len(rows) - 1) else None
                 ax.plot(range(len(values)), values, style, marker=".", color=shade, label=label)
+    if backward_tol is None or backward_tol == tol:
+        if tol:
+            ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=f"tol {tol:g} (fwd, bwd)")
+    else:
+        if tol:
+            ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=f"fwd tol {tol:g}")
+        label = f"bwd tol {backward_tol:g}"
+        ax.axhline(backward_tol, color="tab:red", ls="--", lw=1, alpha=0.7, label=label)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return fig
 
 
-def _fmt(value, digits=4):
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+def _fmt(value) -> str:
+    """A config value as written, never rounded away (1e-05 stays 1e-05)."""
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: str) -> Path:
@@ -96,7 +124,12 @@ def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: 
             ("accuracy", "acc", "accuracy"),
         )
     }
-    residuals = plot_residuals(run / "residuals.png", history)
+    residuals = plot_residuals(
+        run / "residuals.png",
+        history,
+        cfg.tol if cfg.solver == "mgrit" else None,
+        cfg.backward_tol if cfg.solver == "mgrit" else None,
+    )
     last = history[-1]
     lines = [
         f"# Training run: {cfg.dataset}, solver {cfg.solver}",

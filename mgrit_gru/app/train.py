@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import signal
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,8 +23,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from ..module import GRU
-from .config import TrainConfig, parse_device
-from .datasets import Dataset, load
+from .config import NOT_TRAINING, TrainConfig, parse_device, same_device
+from .datasets import SYNTHETIC, Dataset, load
 
 CHECKPOINT = "checkpoint.pt"
 FORMAT = "mgrit-gru-checkpoint-1"
@@ -28,6 +32,10 @@ FORMAT = "mgrit-gru-checkpoint-1"
 
 class RunError(ValueError):
     """A run that cannot start or continue: bad run folder, checkpoint or option."""
+
+
+class Interrupted(Exception):
+    """Training stopped at a user's Ctrl-C, after saving where it was."""
 
 
 class Classifier(nn.Module):
@@ -170,15 +178,26 @@ def evaluate(model: Classifier, x, y, lengths, batch_size: int, device) -> tuple
 # -- run folder -----------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()  # what open() would give; mkstemp's own is 0600
+
+
 def atomic_write_bytes(path: Path, write: Callable) -> None:
     """Write via a temporary file in the same folder, fsync, then rename: a crash leaves the
-    old file or the new one, never half of one."""
+    old file or the new one, never half of one. The file gets the permissions of a plain
+    ``open()`` (readable by the group under the usual umask)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -195,7 +214,9 @@ def write_metrics(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
-def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history) -> None:
+def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history, partial=None) -> None:
+    """``epoch`` whole epochs done; ``partial``: the position inside the next one (an
+    interrupted epoch: its next batch and what it has summed so far), or None."""
     state = {
         "format": FORMAT,
         "config": cfg.to_dict(),
@@ -205,6 +226,8 @@ def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history) -> None:
         "rng": torch.get_rng_state(),
         "history": history,
     }
+    if partial is not None:
+        state["partial"] = partial
     atomic_write_bytes(run / CHECKPOINT, lambda f: torch.save(state, f))
 
 
@@ -214,8 +237,11 @@ def load_checkpoint(run: Path) -> dict:
         raise RunError(f"no checkpoint in {run} (expected {path})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise RunError(f"corrupted checkpoint {path}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # torch's advice (weights_only=False) is wrong for a damaged file
+        raise RunError(
+            f"corrupted checkpoint {path}: it cannot be read as a checkpoint "
+            f"({type(exc).__name__}); restore it from a copy or start the run anew"
+        ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise RunError(f"{path} is not a {FORMAT} file")
     missing = {"config", "epoch", "model", "optimizer", "rng", "history"} - set(state)
@@ -234,16 +260,33 @@ def read_config(run: Path) -> TrainConfig:
         raise RunError(f"{path}: unreadable config ({exc})") from exc
 
 
+FREE_ON_RESUME = ("epochs", *NOT_TRAINING)
+
+
 def resume_config(run: Path, overrides: dict) -> TrainConfig:
-    """The stored config of ``run``; only --epochs may change (to train longer)."""
+    """The stored config of ``run``. --epochs may change (to train longer), and so may the
+    options that do not change what is computed (--threads, --timeout, the spelling of
+    --device); any other option must match the run's."""
     cfg = read_config(run)
-    clash = {k: v for k, v in overrides.items() if k != "epochs" and getattr(cfg, k) != v}
+    clash = {
+        k: v
+        for k, v in overrides.items()
+        if k not in FREE_ON_RESUME
+        and getattr(cfg, k) != v
+        and not (k == "device" and same_device(cfg.device, v))
+    }
     if clash:
         listed = ", ".join(
             f"--{k.replace('_', '-')} {v} (run has {getattr(cfg, k)})" for k, v in clash.items()
         )
         raise RunError(f"--resume {run}: options differ from the run's config: {listed}")
-    return cfg.replace(**{k: v for k, v in overrides.items() if k == "epochs"})
+    return cfg.replace(**{k: v for k, v in overrides.items() if k in FREE_ON_RESUME})
+
+
+def _training_part(config: dict) -> dict:
+    """A config's fields that decide what a run computes."""
+    skip = FREE_ON_RESUME + ("device",)
+    return {k: v for k, v in config.items() if k not in skip}
 
 
 def default_run_dir(cfg: TrainConfig) -> Path:
@@ -269,12 +312,22 @@ def train(
     if resume:
         state = load_checkpoint(run)
         try:  # a run from before a config field existed gets its default
-            saved = TrainConfig.from_dict(state["config"]).to_dict()
+            saved = TrainConfig.from_dict(state["config"])
         except (TypeError, ValueError) as exc:
             raise RunError(f"checkpoint in {run} holds an invalid config: {exc}") from exc
-        if saved != {**cfg.to_dict(), "epochs": saved["epochs"]}:
+        if _training_part(saved.to_dict()) != _training_part(cfg.to_dict()) or not same_device(
+            saved.device, cfg.device
+        ):
             raise RunError(f"checkpoint in {run} was written by another config than config.json")
+        done = int(state["epoch"]) + (1 if state.get("partial") else 0)
+        if cfg.epochs < done:
+            raise RunError(
+                f"--resume {run}: the run has trained {done} epoch(s) already; --epochs "
+                f"{cfg.epochs} would cut it short (give --epochs {done} or more)"
+            )
     else:
+        if run.exists() and not run.is_dir():
+            raise RunError(f"--out {run}: a file of that name exists; name a folder")
         if (run / CHECKPOINT).exists():
             raise RunError(f"{run} already holds a run; use --resume {run} or another --out")
         if main:
@@ -294,19 +347,69 @@ def train(
             raise RunError(f"checkpoint in {run} does not fit the model: {exc}") from exc
         torch.set_rng_state(state["rng"])
         history, start = list(state["history"]), int(state["epoch"])
+        partial = state.get("partial")
         if main:
             write_metrics(run / "metrics.jsonl", history)  # drop rows past the checkpoint
         if start >= cfg.epochs:
             log(f"{run}: already trained for {start} epochs")
+    else:
+        partial = None
     if main:
         write_json(run / "config.json", cfg.to_dict())
-    for epoch in range(start, cfg.epochs):
-        row = _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log)
-        history.append(row)
-        if main:
-            save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
-            write_metrics(run / "metrics.jsonl", history)
+    with _StopOnCtrlC(enabled=tg is None) as ctrl_c:
+        for epoch in range(start, cfg.epochs):
+            row = _train_epoch(
+                cfg, model, optimizer, data, epoch, device, progress, log, partial, ctrl_c
+            )
+            partial = None
+            if "partial" in row:  # Ctrl-C: save the position inside this epoch, then stop
+                save_checkpoint(run, cfg, model, optimizer, epoch, history, row["partial"])
+                raise Interrupted(
+                    f"interrupted in epoch {epoch + 1} after {row['partial']['batch']} of "
+                    f"{row['partial']['batches']} training steps; {run / CHECKPOINT} holds "
+                    f"the run up to that step: continue with mgrit-gru train --resume {run}"
+                )
+            history.append(row)
+            if main:
+                save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
+                write_metrics(run / "metrics.jsonl", history)
+            if ctrl_c.requested:
+                raise Interrupted(
+                    f"interrupted after epoch {epoch + 1}, which {run / CHECKPOINT} holds: "
+                    f"continue with mgrit-gru train --resume {run}"
+                )
     return history
+
+
+class _StopOnCtrlC:
+    """While training, a first Ctrl-C asks the loop to stop after the current training step
+    (it then saves its position); a second one stops at once, unsaved. Only in the main
+    thread of a single process: time-parallel ranks must stop together, so there Ctrl-C
+    keeps its usual effect."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._old = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "\nCtrl-C: stopping after this training step and saving the run "
+            "(Ctrl-C again stops at once, unsaved)",
+            file=sys.stderr,
+        )
+
+    def __enter__(self) -> _StopOnCtrlC:
+        if self.enabled:
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._old)
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -325,13 +428,18 @@ def _time_group(cfg: TrainConfig):
             f"--nproc-per-node {cfg.time_parallel} -m mgrit_gru.cli train "
             f"--time-parallel {cfg.time_parallel} ..."
         )
-    tg = init_time_parallel()
+    tg = init_time_parallel(timeout_s=cfg.timeout)
     if tg.size != cfg.time_parallel:
         raise RunError(f"--time-parallel {cfg.time_parallel} but {tg.size} processes started")
     return tg
 
 
-def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> dict:
+def _train_epoch(
+    cfg, model, optimizer, data, epoch, device, progress, log, partial=None, ctrl_c=None
+) -> dict:
+    """One epoch: its metrics row. ``partial``: resume inside the epoch where an interrupted
+    run stopped. If ``ctrl_c`` asks to stop, the epoch ends after the current step and the
+    row is ``{"partial": ...}``: the position and sums to resume from."""
     from tqdm import tqdm
 
     model.train()
@@ -339,8 +447,12 @@ def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> d
         len(data.y_train), generator=torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
     )
     solver = EpochStats()
-    total_loss, correct, seen = 0.0, 0, 0
-    start = time.perf_counter()
+    total_loss, correct, seen, first, before = 0.0, 0, 0, 0, 0.0
+    if partial is not None:
+        solver = EpochStats(**partial["solver"])
+        total_loss, correct, seen = partial["loss_sum"], partial["correct"], partial["seen"]
+        first, before = partial["batch"], partial["train_time_s"]
+    start = time.perf_counter() - before
     batches = list(_batches(len(order), cfg.batch_size, order))
     bar = tqdm(
         batches,
@@ -349,8 +461,22 @@ def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> d
         leave=True,
         mininterval=1.0,
         dynamic_ncols=True,
+        initial=first,
     )
-    for rows in bar:
+    for index, rows in enumerate(batches[first:], start=first):
+        if ctrl_c is not None and ctrl_c.requested:
+            bar.close()
+            return {
+                "partial": {
+                    "batch": index,
+                    "batches": len(batches),
+                    "loss_sum": total_loss,
+                    "correct": correct,
+                    "seen": seen,
+                    "train_time_s": time.perf_counter() - start,
+                    "solver": dataclasses.asdict(solver),
+                }
+            }
         x = data.x_train[rows].to(device)
         target = data.y_train[rows].to(device)
         logits = model(x, _lengths(data.len_train, rows, device))
@@ -383,6 +509,7 @@ def _train_epoch(cfg, model, optimizer, data, epoch, device, progress, log) -> d
             postfix["fwd"] = f"{stats.forward_iterations}it {stats.forward_residual:.0e}"
             postfix["bwd"] = f"{stats.backward_iterations}it {stats.backward_residual:.0e}"
         bar.set_postfix(postfix, refresh=False)
+        bar.update()
     bar.close()
     train_time = time.perf_counter() - start
     eval_start = time.perf_counter()
@@ -416,17 +543,28 @@ def evaluate_run(run: Path, dataset: Optional[str] = None, log=print) -> dict:
     """Evaluate the saved model of ``run`` on a dataset's test split."""
     cfg = read_config(run)
     state = load_checkpoint(run)
-    if dataset:
-        cfg = cfg.replace(dataset=dataset, max_train=None, max_test=None)
+    trained_on = cfg
+    if dataset:  # the run's --length belongs to its own (synthetic) data set
+        length = cfg.length if dataset in SYNTHETIC else None
+        cfg = cfg.replace(dataset=dataset, max_train=None, max_test=None, length=length)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = _device(cfg)
     data = load(cfg.dataset, seed=cfg.seed, length=cfg.length)
     if cfg.max_test:
         data = _subset(data, cfg.replace(max_train=None, batch_size=1))
+    weights = state["model"]
+    shape = [weights.get(k, torch.empty(0, 0)).shape for k in ("rnn.weight_ih_l0", "head.weight")]
+    features, classes = shape[0][1], shape[1][0]
+    if (features, classes) != (data.features, data.num_classes):
+        raise RunError(
+            f"the model of {run} (trained on {trained_on.dataset}: {features} feature(s), "
+            f"{classes} classes) does not fit {cfg.dataset} ({data.features} feature(s), "
+            f"{data.num_classes} classes)"
+        )
     model = Classifier(cfg, data.features, data.num_classes).to(device)
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(weights)
     except RuntimeError as exc:
         raise RunError(f"the model of {run} does not fit dataset {cfg.dataset}: {exc}") from exc
     start = time.perf_counter()

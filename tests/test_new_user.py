@@ -1,0 +1,361 @@
+"""What a new user hit (issue 14): each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_ref, tight
+
+import mgrit_gru
+from mgrit_gru.app.config import TrainConfig
+from mgrit_gru.app.train import load_checkpoint, train
+from mgrit_gru.cli import build_parser, main
+
+SMALL = dict(
+    dataset="adding",
+    length=40,
+    max_train=48,
+    max_test=24,
+    hidden=8,
+    batch_size=16,
+    epochs=2,
+    cfactor=4,
+    threads=1,
+)
+
+
+def _flags(cfg: dict) -> list[str]:
+    return [x for k, v in cfg.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def _quiet(*args, **kwargs):
+    pass
+
+
+@pytest.fixture
+def f32():
+    """The training application trains in float32."""
+    torch.set_default_dtype(torch.float32)
+
+
+# -- wrong results ---------------------------------------------------------------------------
+
+
+def _penalty_grads(module, x, lengths=None, head=None):
+    """A gradient penalty: d/dparams of |d out / dx|^2 (+ out), with create_graph."""
+    x = x.detach().clone().requires_grad_()
+    kwargs = {} if lengths is None else {"lengths": lengths}
+    if lengths is not None and isinstance(module, torch.nn.GRU):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        y, _ = module(packed)
+        y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]
+    else:
+        y, _ = module(x, **kwargs)
+    out = y.sum() if head is None else head(y).sum()
+    (gx,) = torch.autograd.grad(out, x, create_graph=True)
+    loss = (gx**2).sum() + 0.1 * y.square().sum()
+    return torch.autograd.grad(loss, [x, *module.parameters()])
+
+
+@pytest.mark.parametrize(
+    "solver,layers,bidirectional,head,lengths",
+    [
+        ("serial", 1, False, False, False),
+        ("mgrit", 2, True, False, False),
+        ("mgrit", 1, False, True, False),
+        ("serial", 1, True, False, True),
+    ],
+)
+def test_double_backward_equals_torch(solver, layers, bidirectional, head, lengths):
+    """Gradient penalties (create_graph=True) get torch.nn.GRU's second derivatives, with and
+    without a trainable layer after the GRU (the case that was silently wrong)."""
+    ref = make_ref(3, 5, layers=layers, bidirectional=bidirectional)
+    opts = "serial" if solver == "serial" else tight(cfactor=4)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=opts)
+    x = torch.randn(23, 3, 3)
+    lens = torch.tensor([23, 9, 17]) if lengths else None
+    lin = torch.nn.Linear(5 * (2 if bidirectional else 1), 1) if head else None
+    expected = _penalty_grads(ref, x, lens, lin)
+    got = _penalty_grads(ours, x, lens, lin)
+    for a, b in zip(expected, got):
+        assert (a - b).abs().max() < 1e-9
+
+
+def test_double_backward_through_the_implicit_cell():
+    """No torch reference has the implicit cell: second derivatives against finite
+    differences of the first (gradgradcheck)."""
+    gru = mgrit_gru.GRU(2, 3, cell="implicit", solver="serial")
+    x = torch.randn(6, 2, 2, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: gru(x)[0], (x,))
+
+
+def _inference_then_train(gru: mgrit_gru.GRU, T_infer: int, T_train: int) -> None:
+    with torch.inference_mode():
+        gru(torch.randn(T_infer, 4, 3))
+    x = torch.randn(T_train, 4, 3, requires_grad=True)
+    y, h = gru(x)
+    (y.sum() + h.sum()).backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+def test_inference_mode_does_not_poison_later_training(solver):
+    """A first call under torch.inference_mode (a validation sanity check) or a longer one
+    than before must leave no inference tensors in the work-buffer pool."""
+    _inference_then_train(mgrit_gru.GRU(3, 8, solver=solver), 3000, 3000)
+    gru = mgrit_gru.GRU(3, 8, solver=solver)
+    _inference_then_train(gru, 100, 100)
+    _inference_then_train(gru, 5000, 5000)  # longer under inference mode: the pool grows
+
+
+def test_work_buffers_stay_per_thread():
+    gru = mgrit_gru.GRU(3, 8)
+    errors = []
+
+    def other():
+        try:
+            _inference_then_train(gru, 2000, 2000)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert not errors
+    _inference_then_train(gru, 3000, 3000)
+
+
+def test_report_keeps_the_value_of_small_numbers(f32, tmp_path):
+    cfg = TrainConfig(**{**SMALL, "epochs": 1})
+    assert main(["train", *_flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]) == 0
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert f"| tol | {cfg.tol!r} |" in report and "| tol | 0.0000 |" not in report
+
+
+def test_resume_refuses_fewer_epochs_and_writes_nothing(f32, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(TrainConfig(**{**SMALL, "epochs": 2}), run, progress=False, log=_quiet)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["train", "--resume", str(run), "--epochs", "1"]) == 2
+    assert "trained 2 epoch(s) already" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+# -- failures that must be one clear line ----------------------------------------------------
+
+
+def _one_line_error(argv, capsys, code=2) -> str:
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_npz_that_is_not_an_archive(f32, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((4, 5)))
+    (tmp_path / "notes.txt").write_text("hello")
+    for name in ("x.npy", "notes.txt"):
+        argv = ["train", "--dataset", f"npz:{tmp_path / name}", "--out", str(tmp_path / "r")]
+        assert "not an .npz archive" in _one_line_error(argv, capsys)
+
+
+@pytest.mark.parametrize(
+    "arrays,match",
+    [
+        (dict(x_train=np.zeros((0, 5))), "x_train is empty"),
+        (dict(x_test=np.zeros((2, 0))), "x_test is empty"),
+        (dict(y_test=np.array([0, 3])), r"y_test holds label\(s\) \[3\] that y_train never"),
+    ],
+)
+def test_npz_empty_splits_and_unseen_labels(tmp_path, arrays, match):
+    from mgrit_gru.app import datasets
+
+    base = dict(
+        x_train=np.random.rand(4, 5),
+        y_train=np.array([0, 1, 0, 1]),
+        x_test=np.random.rand(2, 5),
+        y_test=np.array([0, 1]),
+    )
+    base.update(arrays)
+    if base["x_train"].shape[0] == 0:
+        base["y_train"] = np.zeros(0, int)
+    np.savez(tmp_path / "d.npz", **base)
+    with pytest.raises(datasets.DatasetError, match=match):
+        datasets.load(f"npz:{tmp_path / 'd.npz'}")
+
+
+def test_out_naming_an_existing_file(f32, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    err = _one_line_error(["train", *_flags(SMALL), "--out", str(tmp_path / "f")], capsys)
+    assert "a file of that name exists" in err
+
+
+def test_checkpoint_of_random_bytes(f32, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=_quiet)
+    (run / "checkpoint.pt").write_bytes(os.urandom(2000))
+    err = _one_line_error(["train", "--resume", str(run), "--epochs", "2"], capsys)
+    assert "corrupted checkpoint" in err and "weights_only" not in err
+
+
+def test_divergence_raise_is_one_line(f32, tmp_path, capsys):
+    argv = [*_flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r"), "--no-progress"]
+    # an expanding network: this learning rate blows the weights up within the first steps
+    argv += ["--on-divergence", "raise", "--lr", "50", "--clip", "0"]
+    err = _one_line_error(["train", *argv], capsys)
+    assert "solve diverged" in err and "Traceback" not in err
+
+
+def test_int_input_names_the_conversion():
+    gru = mgrit_gru.GRU(3, 4)
+    with pytest.raises(TypeError, match=r"floating-point tensor, got torch.int64; .*x.to\("):
+        gru(torch.ones(5, 2, 3, dtype=torch.int64))
+
+
+def test_eval_on_another_dataset_names_the_mismatch(f32, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=_quiet)
+    err = _one_line_error(["eval", str(run), "--dataset", "osuleaf"], capsys)
+    assert "--length" not in err and "does not fit osuleaf" in err
+
+
+def test_solver_can_be_assigned_as_text():
+    gru = mgrit_gru.GRU(3, 4)
+    gru.solver = "serial"
+    assert gru.solver.is_serial
+    gru(torch.randn(7, 2, 3))
+    with pytest.raises(ValueError, match="unknown solver='fast'"):
+        gru.solver = "fast"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models_solve_in_float32(dtype):
+    """float16/bfloat16 models compute in float32 (the tolerance is below their resolution)
+    and return their own dtype; MGRIT converges as in float32."""
+    ref = make_ref(3, 8, dtype=torch.float32)
+    gru = mgrit_gru.GRU.from_torch(ref).to(dtype)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        gru(torch.randn(300, 2, 3, dtype=dtype))
+        stats = gru.last_stats
+        assert stats.converged and stats.forward_iterations <= 2 and not stats.fell_back
+    x = torch.randn(300, 2, 3, dtype=dtype, requires_grad=True)
+    y, h = gru(x)
+    assert y.dtype == dtype and h.dtype == dtype
+    y.float().sum().backward()
+    assert x.grad.dtype == dtype and gru.weight_hh_l0.grad.dtype == dtype
+    with torch.no_grad():
+        exact, _ = mgrit_gru.GRU.from_torch(ref, solver="serial")(x.detach().float())
+    assert (y.float() - exact).abs().max() < 1e-2  # the output rounding of the half dtype
+
+
+def test_ctrl_c_saves_the_position_and_resume_is_exact(f32, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during an epoch stops after that step, saves the position inside the epoch
+    and exits with one line (code 130); --resume then gives the uninterrupted run's metrics."""
+    cfg = {**SMALL, "epochs": 2}
+    straight = train(TrainConfig(**cfg), tmp_path / "a", progress=False, log=_quiet)
+    steps = {"n": 0}
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == 2:  # the user presses Ctrl-C during the second step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    run = tmp_path / "b"
+    assert main(["train", *_flags(cfg), "--out", str(run), "--no-progress"]) == 130
+    notice, err = capsys.readouterr().err.strip().splitlines()
+    assert notice.startswith("Ctrl-C: stopping after this training step")
+    assert "after 2 of 3 training steps" in err and f"--resume {run}" in err
+    state = load_checkpoint(run)
+    assert state["epoch"] == 0 and state["partial"]["batch"] == 2
+    monkeypatch.setattr(torch.optim.Adam, "step", real_step)
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    resumed = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = ("train_loss", "train_acc", "test_loss", "test_acc", "fwd_iters_mean")
+    assert [[r[k] for k in keys] for r in straight] == [[r[k] for k in keys] for r in resumed]
+
+
+# -- torch.nn.GRU conventions ------------------------------------------------------------------
+
+
+def test_torch_gru_conventions():
+    ref = make_ref(3, 4, layers=2, bidirectional=True)
+    gru = mgrit_gru.GRU.from_torch(ref)
+    gru.flatten_parameters()
+    assert [[p.shape for p in ws] for ws in gru.all_weights] == [
+        [p.shape for p in ws] for ws in ref.all_weights
+    ]
+    assert gru._all_weights == ref._all_weights
+    with pytest.warns(UserWarning, match="non-zero dropout expects num_layers greater than 1"):
+        mgrit_gru.GRU(3, 4, dropout=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(RuntimeError, match=r"torch.jit.script.*gru.to_torch\(\)"):
+            torch.jit.script(gru)
+    back = gru.to_torch()
+    x = torch.randn(6, 2, 3)
+    assert torch.allclose(back(x)[0], ref(x)[0], atol=1e-14)
+
+
+def test_run_files_are_readable_by_the_group(f32, tmp_path):
+    old = os.umask(0o022)
+    try:
+        run = tmp_path / "run"
+        train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=_quiet)
+    finally:
+        os.umask(old)
+    for name in ("checkpoint.pt", "metrics.jsonl", "config.json"):
+        assert (run / name).stat().st_mode & stat.S_IRGRP, name
+
+
+def test_resume_accepts_other_threads_and_device_spelling(f32, tmp_path):
+    run = tmp_path / "run"
+    train(TrainConfig(**{**SMALL, "epochs": 1}), run, progress=False, log=_quiet)
+    argv = ["train", "--resume", str(run), "--epochs", "2", "--threads", "2", "--no-progress"]
+    assert main([*argv, "--device", "cpu:0", "--timeout", "30"]) == 0
+    assert load_checkpoint(run)["epoch"] == 2
+
+
+def test_every_flag_is_explained():
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in subs.items():
+        for action in sub._actions:
+            if action.dest in ("help",) or not action.option_strings:
+                continue
+            text = (action.help or "").split("(default")[0].strip()
+            assert len(text) >= 8, f"mgrit-gru {name} {action.option_strings[0]}: {action.help!r}"
+
+
+def test_bench_columns_follow_what_was_measured(f32, capsys):
+    argv = ["bench", "--T", "20", "--batch", "2", "--input", "3", "--hidden", "4"]
+    argv += ["--repeats", "1", "--settings", "default", "--no-torch", "--no-memory"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    table = out.split("\n     T ")[1]
+    assert " nan " not in table and "x torch" not in table and "peak MB" not in table
+    assert "it f/b = MGRIT cycles" in out
+
+
+def test_residual_plot_marks_the_tolerance(tmp_path):
+    from mgrit_gru.app import report
+
+    history = [
+        {"epoch": 1, "fwd_residuals_last_batch": [1e-2, 1e-6], "bwd_residuals_last_batch": [1e-3]}
+    ]
+    fig = report.residual_figure(history, tol=1e-5, backward_tol=1e-3)
+    ys = {line.get_ydata()[0] for line in fig.axes[0].get_lines()}
+    assert 1e-5 in ys and 1e-3 in ys
+    styles = {report.STYLES[s][:2] for s in ("mgrit", "serial", "torch")}
+    assert len(styles) == 3  # coinciding curves stay visible
