@@ -1,11 +1,32 @@
 """mgrit-gru: GRU layers trained parallel in time with multigrid reduction in time (MGRIT)."""
 
-from .gru.solve import DivergenceError as DivergenceError
-from .gru.solve import DivergenceWarning as DivergenceWarning
+from .gru.control import ConvergenceWarning as ConvergenceWarning
+from .gru.control import DivergenceError as DivergenceError
+from .gru.control import DivergenceWarning as DivergenceWarning
 from .module import GRU as GRU
 from .options import MGRIT as MGRIT
+from .options import Auto as Auto
+from .options import Budget as Budget
+from .options import Frozen as Frozen
+from .options import Guard as Guard
+from .options import Implicit as Implicit
+from .options import Secant as Secant
 from .stats import RunStats as RunStats
 from .stats import SolveStats as SolveStats
 
-__all__ = ["GRU", "MGRIT", "RunStats", "SolveStats", "DivergenceError", "DivergenceWarning"]
-__version__ = "0.1.0"
+__all__ = [
+    "GRU",
+    "MGRIT",
+    "Auto",
+    "Budget",
+    "Frozen",
+    "Guard",
+    "Implicit",
+    "Secant",
+    "RunStats",
+    "SolveStats",
+    "ConvergenceWarning",
+    "DivergenceError",
+    "DivergenceWarning",
+]
+__version__ = "0.2.0"

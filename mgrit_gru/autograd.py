@@ -37,16 +37,16 @@ class GRULayerFunction(torch.autograd.Function):
         mask: Optional[Tensor],
         tg,
         keep: bool,
-        memory,
+        control,
     ):
         keep = keep and any(ctx.needs_input_grad[:6])
         points, hier, stats = forward_solve(
-            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, memory
+            x, h0, w_ih, b_ih, w_hh, b_hh, cell, options, where, mask, tg, keep, control
         )
         record.forward.append(stats)
         ctx.save_for_backward(x, h0, w_ih, w_hh, b_ih, b_hh, points, mask)
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
-        ctx.tg, ctx.memory = tg, memory
+        ctx.tg, ctx.control = tg, control
         T = x.shape[0]
         h_n = points[T].clone()
         if tg is not None:  # the global end state lives on the last rank (in this direction)
@@ -80,7 +80,7 @@ class GRULayerFunction(torch.autograd.Function):
             ctx.where,
             mask,
             tg,
-            ctx.memory,
+            ctx.control,
         )
         ctx.record.backward.append(adj.stats)
         need = ctx.needs_input_grad
@@ -113,7 +113,7 @@ class GRULayerFunction(torch.autograd.Function):
             d_w_hh if need[3] else None,
             d_b_ih if b_ih is not None and need[4] else None,
             d_b_hh if b_hh is not None and need[5] else None,
-            *(None,) * 8,  # cell, options, record, where, mask, tg, keep, memory
+            *(None,) * 8,  # cell, options, record, where, mask, tg, keep, control
         )
 
 
@@ -157,13 +157,14 @@ def gru_layer(
     where=(0, False),
     mask=None,
     tg=None,
-    memory=None,
+    control=None,
 ):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
     (the state stays fixed there, so ``h_n`` is each sequence's state at its own end).
-    ``memory``: the module's :class:`mgrit_gru.gru.solve.DivergenceMemory` for
-    ``on_divergence="backoff"``, else None."""
+    ``control``: the module's :class:`mgrit_gru.gru.control.AutoChoice` (``solver="auto"``)
+    or :class:`~mgrit_gru.gru.control.DivergenceMemory` (``on_divergence="backoff"``), or
+    None."""
     keep = options.keep_gates and torch.is_grad_enabled()  # else no backward reads them
     return GRULayerFunction.apply(
-        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, memory
+        x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, control
     )

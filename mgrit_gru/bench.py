@@ -13,7 +13,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import asdict, fields
+from dataclasses import fields
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -22,15 +22,18 @@ import torch
 from . import memory
 from .app.config import parse_device
 from .module import GRU
-from .options import MGRIT
+from .options import MGRIT, Auto
 
 DEFAULT_SETTINGS = ["default", "cfactor=auto", "cfactor=16", "cfactor=64"]
 
 
-def parse_setting(spec: str) -> MGRIT:
-    """``"default"`` or ``"cfactor=16,relax=F,tol=1e-6"`` -> MGRIT."""
+def parse_setting(spec: str):
+    """``"default"`` (MGRIT()), ``"auto"`` (the automatic choice, the module's default) or
+    ``"cfactor=16,relax=F,tol=1e-6"`` -> MGRIT."""
     if spec == "default":
         return MGRIT()
+    if spec == "auto":
+        return Auto()
     known = {f.name: f for f in fields(MGRIT)}
     kwargs: dict[str, object] = {}
     for item in spec.split(","):
@@ -54,14 +57,10 @@ def parse_setting(spec: str) -> MGRIT:
     return MGRIT(**kwargs)
 
 
-def describe(opts: MGRIT) -> str:
-    default = MGRIT()
-    changed = [
-        f"{f.name}={getattr(opts, f.name)}"
-        for f in fields(MGRIT)
-        if getattr(opts, f.name) != getattr(default, f.name)
-    ]
-    return "mgrit(" + (",".join(changed) if changed else "default") + ")"
+def describe(opts) -> str:
+    if isinstance(opts, Auto):
+        return "auto" if opts == Auto() else f"auto({opts.mgrit.describe()})"
+    return opts.describe()
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -141,8 +140,10 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
     if not args.no_torch:
         rows.append(Row("torch.nn.GRU", ref, autocast=amp))
     rows.append(Row("serial", GRU.from_torch(ref, solver="serial"), autocast=amp))
-    for opts in settings:
-        rows.append(Row(describe(opts), GRU.from_torch(ref, solver=opts), opts, autocast=amp))
+    for spec, opts in settings:
+        row = Row(describe(opts), GRU.from_torch(ref, solver=opts), opts, autocast=amp)
+        row.spec = spec
+        rows.append(row)
     for row in rows:  # warm-up, and the accuracy reference outputs
         row.y, row.grads = row.train_step(x, w_y, w_h)
         if isinstance(row.module, GRU):
@@ -178,7 +179,7 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
             "peak_vs_torch": None
             if peak is None or peaks.get("torch.nn.GRU") is None
             else peak / peaks["torch.nn.GRU"],
-            "options": asdict(row.opts) if row.opts else None,
+            "options": repr(row.opts) if row.opts else None,
         }
         results.append(rec)
         log(format_row(rec, cols))
@@ -201,7 +202,7 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
         threads=args.threads,
         seed=args.seed,
         zbias=args.zbias,
-        options=asdict(row.opts) if row.opts else None,
+        setting=getattr(row, "spec", None),
     )
 
 
@@ -408,7 +409,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         return run_time_parallel(args)
     if any(T < 1 for T in args.T):
         raise ValueError(f"--T values must be >= 1, got {args.T}")
-    settings = [parse_setting(s) for s in args.settings]
+    settings = [(s, parse_setting(s)) for s in args.settings]
     device = parse_device(args.device)
     torch.set_num_threads(args.threads)
     print(

@@ -44,10 +44,10 @@ def step_peak_mb(
     threads: int = 1,
     seed: int = 0,
     zbias: float = 0.0,
-    options: Optional[dict] = None,
+    setting: Optional[str] = None,
 ) -> float:
     """Peak memory (MB) of one training step of ``solver`` ("torch", "serial" or "mgrit" with
-    ``options``, a dict of :class:`mgrit_gru.MGRIT` fields), measured in a fresh process."""
+    ``setting``, a spec of :func:`mgrit_gru.bench.parse_setting`), in a fresh process."""
     spec = dict(
         solver=solver,
         T=T,
@@ -59,7 +59,7 @@ def step_peak_mb(
         threads=threads,
         seed=seed,
         zbias=zbias,
-        options=options,
+        setting=setting,
     )
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True
@@ -82,7 +82,6 @@ def _probe_main() -> None:
 
     from .bench import problem
     from .module import GRU
-    from .options import MGRIT
 
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(spec["threads"])
@@ -103,7 +102,9 @@ def _probe_main() -> None:
     elif spec["solver"] == "serial":
         model = GRU.from_torch(ref, solver="serial")
     else:
-        model = GRU.from_torch(ref, solver=MGRIT(**(spec["options"] or {})))
+        from .bench import parse_setting
+
+        model = GRU.from_torch(ref, solver=parse_setting(spec["setting"] or "default"))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from typing import Optional, Union
@@ -13,8 +14,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .autograd import gru_layer
 from .gru.cell import CELLS
-from .gru.solve import DivergenceMemory
-from .options import MGRIT, as_options
+from .gru.control import AutoChoice, DivergenceMemory
+from .options import MGRIT, Auto, as_options
 from .stats import RunStats
 
 
@@ -24,8 +25,10 @@ class GRU(nn.Module):
     Args:
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
         device, dtype: as in ``torch.nn.GRU``.
-        solver: ``"mgrit"`` (default options), ``"serial"`` (exact sequential solve on the
-            same kernels) or an :class:`mgrit_gru.MGRIT` object.
+        solver: ``"auto"`` (default: per layer, direction and pass MGRIT or the serial solve,
+            whichever the cost model says is faster; :class:`mgrit_gru.Auto`), ``"mgrit"``
+            (MGRIT with default options), ``"serial"`` (exact sequential solve) or an
+            :class:`mgrit_gru.MGRIT` / :class:`mgrit_gru.Auto` object.
         cell: ``"classic"`` (``torch.nn.GRU``'s math) or ``"implicit"`` (the implicit GRU of
             Moon & Cyr 2022 as the model, dt = 1).
         time_group: a :class:`mgrit_gru.distributed.TimeGroup`: time-parallel across its ranks.
@@ -53,7 +56,7 @@ class GRU(nn.Module):
         device=None,
         dtype=None,
         *,
-        solver: Union[str, MGRIT] = "mgrit",
+        solver: Union[str, MGRIT, Auto] = "auto",
         cell: str = "classic",
         time_group=None,
     ) -> None:
@@ -109,13 +112,41 @@ class GRU(nn.Module):
 
     @property
     def solver(self):
-        """The solver options (:class:`mgrit_gru.MGRIT`). Assigning ``"serial"``, ``"mgrit"``
-        or an ``MGRIT`` object takes effect from the next call."""
+        """The solver options (:class:`mgrit_gru.MGRIT` or :class:`mgrit_gru.Auto`).
+        Assigning ``"auto"``, ``"serial"``, ``"mgrit"`` or such an object takes effect from
+        the next call."""
         return self._solver
 
     @solver.setter
     def solver(self, value) -> None:
         self._solver = as_options(value)
+        wait = self._solver.max_wait if isinstance(self._solver, Auto) else Auto().max_wait
+        self._choice = AutoChoice(wait)  # a new solver learns anew
+
+    @contextlib.contextmanager
+    def using(self, solver):
+        """Within the block, solve with ``solver`` (as for ``solver=``); the solver and what
+        it has learnt are restored after it (e.g. to test a budget-trained model serially)."""
+        saved = self._solver
+        self._solver = as_options(solver)
+        try:
+            yield self
+        finally:
+            self._solver = saved
+
+    def solver_state(self) -> dict:
+        """What the solver has learnt from earlier calls (the automatic choice's and the
+        backoff's per-layer state): plain data for a checkpoint, so that a resumed training
+        run makes the choices an uninterrupted one would. Not part of ``state_dict`` (whose
+        keys stay ``torch.nn.GRU``'s)."""
+        return {"auto": self._choice.state_dict(), "backoff": self._divergence.state_dict()}
+
+    def load_solver_state(self, state: dict) -> None:
+        self._choice.load_state_dict(state.get("auto", {}))
+        self._divergence.load_state_dict(state.get("backoff", {}))
+
+    def _mgrit_options(self) -> MGRIT:
+        return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
 
     @property
     def _all_weights(self) -> list[list[str]]:
@@ -167,7 +198,7 @@ class GRU(nn.Module):
 
     @classmethod
     def from_torch(
-        cls, module: nn.GRU, *, solver: Union[str, MGRIT] = "mgrit", cell: str = "classic"
+        cls, module: nn.GRU, *, solver: Union[str, MGRIT, Auto] = "auto", cell: str = "classic"
     ) -> GRU:
         """A copy of a ``torch.nn.GRU`` (same weights, device and dtype)."""
         if not isinstance(module, nn.GRU):
@@ -297,16 +328,17 @@ class GRU(nn.Module):
             return None
         from .distributed import TimeContext
 
-        if self.solver.cfactor == "auto":
+        opts = self._mgrit_options()
+        if opts.cfactor == "auto":
             raise ValueError(
                 "GRU: time_group= needs an integer cfactor (the ranks' slices are aligned to "
-                "it), not cfactor='auto'"
+                "it), not cfactor='auto': pass solver=mgrit_gru.MGRIT(cfactor=32) or another"
             )
-        config = f"{self.solver!r} {self.cell} {self.extra_repr()}"
+        config = f"{opts!r} {self.cell} {self.extra_repr()}"
         return TimeContext.for_slice(
             self.time_group,
             steps,
-            self.solver.cfactor,
+            opts.cfactor,
             config,
             self.parameters(),
             lengths,
@@ -390,8 +422,11 @@ class GRU(nn.Module):
         B = x.shape[1]
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
-        solver = self.solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
-        memory = self._divergence if solver.on_divergence == "backoff" else None
+        solver = self._mgrit_options().resolve(x.shape[0], B, self.hidden_size, x.device.type)
+        if isinstance(self.solver, Auto) and tg is None:
+            control = self._choice  # time-parallel ranks run MGRIT: their meters differ
+        else:
+            control = self._divergence if solver.on_divergence == "backoff" else None
         record = RunStats()
         self.last_stats = record
         h_n = []
@@ -415,7 +450,7 @@ class GRU(nn.Module):
                     (layer, bool(direction)),
                     None if mask is None else flip(mask),
                     tg,
-                    memory,
+                    control,
                 )
                 outs.append(flip(y))
                 h_n.append(h_last)

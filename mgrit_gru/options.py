@@ -1,4 +1,10 @@
-"""Solver options: one frozen, validated object.
+"""Solver options: one frozen, validated object whose families are small named values.
+
+``MGRIT(cfactor=..., relax="FCFCF", coarse="secant", guard=Guard(...), budget=Budget(...))``:
+each family takes a plain string for the common case or its own small frozen object where it
+has parameters (a secant's depth, a cycle budget). ``"auto"`` as a GRU's ``solver`` is
+:class:`Auto`: MGRIT or the serial solve, whichever the cost model says is faster, per layer,
+direction and pass.
 
 References: Falgout et al., "Parallel time integration with multigrid", SISC 2014 (MGRIT);
 Moon & Cyr, "Parallel Training of GRU Networks with a Multi-Grid Solver for Long Sequences",
@@ -8,28 +14,142 @@ ICLR 2022.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Literal, Union
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, Optional, Union
 
-RELAX_CHOICES = ("F", "FCF")
+from . import cost
+
+COARSE_CHOICES = ("implicit", "frozen", "secant")
 COARSE_GATES_CHOICES = ("average", "inject")
 ON_DIVERGENCE_CHOICES = ("fallback", "backoff", "raise")
+ON_UNCONVERGED_CHOICES = ("fallback", "warn", "raise")
+GRADIENT_CHOICES = ("adjoint", "unrolled")
+RELAX_CHOICES = ("F", "FCF", "FCFCF", "FCFCFCF")  # the common ones; any F(CF)* is legal
 
 
-def _bad(field: str, value: object, legal: str) -> ValueError:
-    return ValueError(f"MGRIT: invalid {field}={value!r}; {legal}")
+def _bad(owner: str, field: str, value: object, legal: str) -> ValueError:
+    return ValueError(f"{owner}: invalid {field}={value!r}; {legal}")
 
 
-def _check_int(field: str, value: object, low: int, alternative: str = "") -> None:
+def _check_int(owner: str, field: str, value: object, low: int, alternative: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad(field, value, f"expected an integer >= {low}{alternative}")
+        raise _bad(owner, field, value, f"expected an integer >= {low}{alternative}")
 
 
 def _check_tol(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(field, value, "expected a finite number >= 0")
+        raise _bad("MGRIT", field, value, "expected a finite number >= 0")
     if not math.isfinite(value) or value < 0:
-        raise _bad(field, value, "expected a finite number >= 0")
+        raise _bad("MGRIT", field, value, "expected a finite number >= 0")
+
+
+def _check_relax(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, str) or not re.fullmatch(r"F(CF)*", value):
+        raise _bad(owner, name, value, "expected 'F' followed by 'CF' repeated: F, FCF, FCFCF, ...")
+
+
+# -- coarse corrections --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Implicit:
+    """Coarse steps are implicit GRU steps (Moon & Cyr 2022) of size dt = the number of fine
+    steps they span, reading the fine input gates ``"average"``d over the interval or
+    ``"inject"``ed from its first step (as in the paper's code)."""
+
+    name = "implicit"
+    gates: Literal["average", "inject"] = "average"
+
+    def __post_init__(self) -> None:
+        if self.gates not in COARSE_GATES_CHOICES:
+            raise _bad("Implicit", "gates", self.gates, f"choose one of {COARSE_GATES_CHOICES}")
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """The frozen-gate affine map of each chunk (``mgrit_gru.core.coarse``): with the last
+    sweep's gates held fixed a chunk is ``h_end = A * h_start + b``, ``A`` the product of its
+    steps' ``z`` (classic cell); the coarse correction is ``V' = P + A (V - U)``, forward and
+    (transposed) adjoint, composed over levels. No GEMM on the coarse levels."""
+
+    name = "frozen"
+
+
+@dataclass(frozen=True)
+class Secant:
+    """:class:`Frozen` plus a rank-``depth`` multisecant correction of each chunk's map from
+    the last ``depth`` differences of its start and end between cycles (level 1; deeper
+    levels compose the frozen part). With fewer than two cycles it is :class:`Frozen`."""
+
+    name = "secant"
+    depth: int = 3
+
+    def __post_init__(self) -> None:
+        _check_int("Secant", "depth", self.depth, 1)
+
+
+Coarse = Union[Implicit, Frozen, Secant]
+_COARSE = {"implicit": Implicit, "frozen": Frozen, "secant": Secant}
+
+
+# -- when to abandon a solve ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guard:
+    """When an MGRIT solve is abandoned before its cycle cap (what follows is
+    ``on_divergence``'s choice).
+
+    Args:
+        patience: the solve has diverged once this many cycles in a row bring no residual
+            below the smallest so far (or a residual is not finite). Trained GRUs may grow
+            for a cycle or two and then converge fast.
+        cost: abandon the solve once its cost model (:mod:`mgrit_gru.cost`) predicts that
+            finishing it costs more than the serial solve from scratch: the cycle's measured
+            cost times the cycles that the residuals' decay rate still needs. The serial
+            solve then runs: MGRIT pays or stops early.
+    """
+
+    patience: int = 2
+    cost: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("Guard", "patience", self.patience, 1)
+        if not isinstance(self.cost, bool):
+            raise _bad("Guard", "cost", self.cost, "expected True or False")
+
+
+# -- a fixed cycle budget (the paper's training) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A fixed number of cycles, no tolerance, no fallback: the paper's way to train (Moon &
+    Cyr 2022 use 2 forward cycles and 1 adjoint cycle with F-relaxation). The network then
+    trains through what the solver computes, and should be evaluated with the same budget.
+
+    Args:
+        forward, backward: V-cycles of the forward and the adjoint solve (0: relaxation only).
+        backward_relax: the adjoint's relaxation (None: the options' ``relax``).
+        gradient: ``"adjoint"``: the adjoint solved with ``backward`` cycles, linearised at
+            the budget's (inexact) forward states, as in the paper; ``"unrolled"``: the exact
+            gradient of the budgeted forward itself, by differentiating through its cycles
+            (each sweep batched over chunks; memory grows with the cycles).
+    """
+
+    forward: int = 2
+    backward: int = 1
+    backward_relax: Optional[str] = None
+    gradient: Literal["adjoint", "unrolled"] = "adjoint"
+
+    def __post_init__(self) -> None:
+        _check_int("Budget", "forward", self.forward, 0)
+        _check_int("Budget", "backward", self.backward, 0)
+        if self.backward_relax is not None:
+            _check_relax("Budget", "backward_relax", self.backward_relax)
+        if self.gradient not in GRADIENT_CHOICES:
+            raise _bad("Budget", "gradient", self.gradient, f"choose one of {GRADIENT_CHOICES}")
 
 
 @dataclass(frozen=True)
@@ -42,26 +162,32 @@ class MGRIT:
             :func:`auto_cfactor`.
         levels: number of time grids (1 = the exact serial solve), or ``"auto"``: coarsen
             until the coarsest grid has at most ``cfactor`` intervals.
-        relax: ``"F"`` (F-relaxation) or ``"FCF"`` (F, then C, then F).
+        relax: ``"F"`` (F-relaxation), ``"FCF"`` (F, then C, then F), ``"FCFCF"``, ...: more
+            C-F sweeps converge in fewer cycles at a higher cost per cycle.
+        coarse: the coarse correction: ``"implicit"`` (:class:`Implicit`), ``"frozen"``
+            (:class:`Frozen`), ``"secant"`` (:class:`Secant`), or one of those objects.
         tol: forward stopping tolerance on the largest absolute C-point residual (the
             hidden state lives in (-1, 1), so this is an absolute state error scale).
         max_iters: cap on forward V-cycles (0 = no cycle: one relaxation sweep only).
         backward_tol: adjoint tolerance, relative to the largest incoming gradient
             (dL/dy, dL/dh_n). ``None``: same as ``tol``.
         backward_max_iters: cap on adjoint V-cycles. ``None``: same as ``max_iters``.
-        coarse_gates: what a coarse implicit step reads as its input gates: the
-            ``"average"`` of the fine input gates over its interval, or the gates at the
-            interval's first point (``"inject"``, as in the paper's code).
-        on_divergence: a non-finite or growing residual either makes the call
-            ``"fallback"`` to the exact serial solve (with one warning) or ``"raise"``;
+        guard: when a solve is abandoned before its cap (:class:`Guard`): no progress for a
+            few cycles, or a predicted cost above the serial solve's.
+        on_divergence: an abandoned solve (diverged, or stopped by the cost guard) either makes
+            the call ``"fallback"`` to the exact serial solve or ``"raise"``;
             ``"backoff"`` falls back too and then solves that layer and pass serially for the
-            next 1, 2, 4, ... 64 calls after consecutive divergences, without trying MGRIT (a
-            converged MGRIT solve resets it): for training, where a network that has become
-            hard for MGRIT stays hard.
+            next 1, 2, 4, ... 64 calls after consecutive failures, without trying MGRIT (a
+            converged MGRIT solve resets it). A divergence warns once; a cost stop is silent.
+        on_unconverged: a solve that reaches ``max_iters`` above ``tol``: ``"fallback"``
+            (the serial solve's exact result, one warning), ``"warn"`` (keep MGRIT's result,
+            one warning) or ``"raise"``.
+        budget: a fixed cycle :class:`Budget` instead of the tolerance: no guard, no
+            fallback (a non-finite state raises).
         keep_gates: the forward keeps every fine step's gates (4H floats per step and
             sequence) so that the backward linearises without GEMMs; ``False`` recomputes
             them in the backward instead, when memory is the limit.
-        early_exit: an F-relaxation that follows another (FCF's second, or one after a
+        early_exit: an F-relaxation that follows another (after a C-relaxation, or after a
             coarse correction) stops once its new states agree with the previous sweep's to
             the tolerance, everywhere: each chunk has then forgotten the change of its start,
             and the rest of the chunk is kept. The residual it leaves counts in the stopping
@@ -71,40 +197,65 @@ class MGRIT:
     ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
     """
 
-    cfactor: Union[int, Literal["auto"]] = 32
+    cfactor: Union[int, Literal["auto"]] = "auto"
     levels: Union[int, Literal["auto"]] = "auto"
-    relax: Literal["F", "FCF"] = "FCF"
+    relax: str = "FCF"
+    coarse: Union[str, Coarse] = "implicit"
     tol: float = 1e-5
     max_iters: int = 10
-    backward_tol: float | None = None
-    backward_max_iters: int | None = None
-    coarse_gates: Literal["average", "inject"] = "average"
+    backward_tol: Optional[float] = None
+    backward_max_iters: Optional[int] = None
+    guard: Guard = field(default_factory=Guard)
     on_divergence: Literal["fallback", "backoff", "raise"] = "fallback"
+    on_unconverged: Literal["fallback", "warn", "raise"] = "fallback"
+    budget: Optional[Budget] = None
     keep_gates: bool = True
     early_exit: bool = True
 
     def __post_init__(self) -> None:
         if self.cfactor != "auto":
-            _check_int("cfactor", self.cfactor, 2, " or 'auto'")
+            _check_int("MGRIT", "cfactor", self.cfactor, 2, " or 'auto'")
         if self.levels != "auto":
-            _check_int("levels", self.levels, 1)
-        if self.relax not in RELAX_CHOICES:
-            raise _bad("relax", self.relax, f"choose one of {RELAX_CHOICES}")
+            _check_int("MGRIT", "levels", self.levels, 1)
+        _check_relax("MGRIT", "relax", self.relax)
+        if isinstance(self.coarse, str):
+            if self.coarse not in _COARSE:
+                raise _bad("MGRIT", "coarse", self.coarse, f"choose one of {COARSE_CHOICES}")
+            object.__setattr__(self, "coarse", _COARSE[self.coarse]())
+        elif not isinstance(self.coarse, (Implicit, Frozen, Secant)):
+            raise _bad(
+                "MGRIT",
+                "coarse",
+                self.coarse,
+                f"choose one of {COARSE_CHOICES} or Implicit(...), Frozen(), Secant(...)",
+            )
         _check_tol("tol", self.tol)
-        _check_int("max_iters", self.max_iters, 0)
+        _check_int("MGRIT", "max_iters", self.max_iters, 0)
         if self.backward_tol is not None:
             _check_tol("backward_tol", self.backward_tol)
         if self.backward_max_iters is not None:
-            _check_int("backward_max_iters", self.backward_max_iters, 0)
-        if self.coarse_gates not in COARSE_GATES_CHOICES:
-            raise _bad("coarse_gates", self.coarse_gates, f"choose one of {COARSE_GATES_CHOICES}")
+            _check_int("MGRIT", "backward_max_iters", self.backward_max_iters, 0)
+        if not isinstance(self.guard, Guard):
+            raise _bad("MGRIT", "guard", self.guard, "expected a mgrit_gru.Guard(...)")
         if self.on_divergence not in ON_DIVERGENCE_CHOICES:
             raise _bad(
-                "on_divergence", self.on_divergence, f"choose one of {ON_DIVERGENCE_CHOICES}"
+                "MGRIT",
+                "on_divergence",
+                self.on_divergence,
+                f"choose one of {ON_DIVERGENCE_CHOICES}",
             )
+        if self.on_unconverged not in ON_UNCONVERGED_CHOICES:
+            raise _bad(
+                "MGRIT",
+                "on_unconverged",
+                self.on_unconverged,
+                f"choose one of {ON_UNCONVERGED_CHOICES}",
+            )
+        if self.budget is not None and not isinstance(self.budget, Budget):
+            raise _bad("MGRIT", "budget", self.budget, "expected None or a mgrit_gru.Budget(...)")
         for name in ("keep_gates", "early_exit"):
             if not isinstance(getattr(self, name), bool):
-                raise _bad(name, getattr(self, name), "expected True or False")
+                raise _bad("MGRIT", name, getattr(self, name), "expected True or False")
 
     @classmethod
     def serial(cls) -> MGRIT:
@@ -117,17 +268,35 @@ class MGRIT:
 
     @property
     def bwd_tol(self) -> float:
+        if self.budget is not None:
+            return 0.0
         return self.tol if self.backward_tol is None else self.backward_tol
 
     @property
+    def fwd_tol(self) -> float:
+        return 0.0 if self.budget is not None else self.tol
+
+    @property
+    def fwd_max_iters(self) -> int:
+        return self.max_iters if self.budget is None else self.budget.forward
+
+    @property
     def bwd_max_iters(self) -> int:
+        if self.budget is not None:
+            return self.budget.backward
         return self.max_iters if self.backward_max_iters is None else self.backward_max_iters
+
+    @property
+    def bwd_relax(self) -> str:
+        if self.budget is not None and self.budget.backward_relax is not None:
+            return self.budget.backward_relax
+        return self.relax
 
     def resolve(self, steps: int, batch: int, hidden: int, device: str = "cpu") -> MGRIT:
         """These options for one call: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
         if self.cfactor != "auto":
             return self
-        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self.early_exit))
+        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self))
 
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""
@@ -144,52 +313,92 @@ class MGRIT:
     def replace(self, **changes: object) -> MGRIT:
         return replace(self, **changes)
 
+    def describe(self) -> str:
+        """The fields that differ from the defaults, e.g. ``mgrit(cfactor=64,relax=FCFCF)``."""
+        default = MGRIT()
+        changed = [
+            f"{f.name}={_short(getattr(self, f.name))}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(default, f.name)
+        ]
+        return "mgrit(" + (",".join(changed) if changed else "default") + ")"
 
-# The cost model of cfactor="auto" (README, "Automatic settings"; checked by
-# benchmarks/auto_settings.py). A pass's time is dominated by the relaxation sweeps: sequential
-# batched steps over the T/m chunks' B rows at once, each costing a fixed overhead o plus c per
-# row. FCF's first sweep takes m - 1 steps; with early exit its second stops after about
-# EXIT_STEPS (where an untrained GRU has forgotten its chunk's start to tol 1e-5, measured),
-# so a pass costs about (m - 1 + EXIT_STEPS)(o + c T B / m), least at
-# m = sqrt(EXIT_STEPS * T * B * c / o). o / c is OVERHEAD_ROWS rows at H=64 and scales as
-# (64 / H)^1.5 (CPU, one thread, measured at H = 64, 128, 256). Without early exit both sweeps
-# take m - 1 steps and the rule is the older one: about ROWS_PER_STEP * 64 / H rows per batched
-# step, as many as stay in the core's cache. Chunks shorter than MIN_CFACTOR steps leave an
-# untrained GRU's state too little room to forget its (wrong) start within a chunk, so the
-# default tolerance then needs V-cycles that longer chunks avoid.
+
+def _short(value: object) -> str:
+    """A coarse correction with its default parameters by its name, anything else as is."""
+    if isinstance(value, (Implicit, Frozen, Secant)) and value == type(value)():
+        return value.name
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Auto:
+    """The solver choice per layer, direction and pass (forward / adjoint): MGRIT with
+    ``mgrit``'s options while its modelled cost (:mod:`mgrit_gru.cost`, from the cycles it
+    needed) stays below the serial solve's, else the serial solve, with MGRIT tried again
+    after 1, 2, 4, ... ``max_wait`` calls so that a network that becomes easy (or hard) is
+    followed. Decisions depend on cycle counts only, never on a clock (a resumed training
+    run makes the same choices); their state lives in the module
+    (:meth:`mgrit_gru.GRU.solver_state`)."""
+
+    mgrit: MGRIT = field(default_factory=MGRIT)
+    max_wait: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mgrit, MGRIT):
+            raise _bad("Auto", "mgrit", self.mgrit, "expected a mgrit_gru.MGRIT(...)")
+        if self.mgrit.is_serial or self.mgrit.budget is not None:
+            raise _bad(
+                "Auto", "mgrit", self.mgrit, "a budget or serial MGRIT leaves nothing to choose"
+            )
+        _check_int("Auto", "max_wait", self.max_wait, 1)
+
+
+# The cost model of cfactor="auto" (README, "Automatic settings"). A pass's time is dominated
+# by the relaxation sweeps: sequential batched steps over the T/m chunks' B rows at once,
+# each costing o + c per row (mgrit_gru.cost). FCF's first sweep takes m - 1 steps; with early
+# exit its second stops after about EXIT_STEPS (where an untrained GRU has forgotten its
+# chunk's start to tol 1e-5, measured), so a pass costs about (m - 1 + EXIT_STEPS)(o + c T B /
+# m), least at m = sqrt(EXIT_STEPS * T * B * c / o). Without early exit both sweeps take
+# m - 1 steps; the older rule then aims at about ROWS_PER_STEP * 64 / H rows per batched
+# step, as many as stay in the core's cache. Chunks shorter than MIN_CFACTOR steps leave a
+# GRU's state too little room to forget its (wrong) start within a chunk, so the default
+# tolerance then needs V-cycles that longer chunks avoid.
 EXIT_STEPS = 28
-OVERHEAD_ROWS = {"cpu": 120, "cuda": 16384}  # cuda: not calibrated (no GPU measured)
 ROWS_PER_STEP = {"cpu": 1024, "cuda": 65536}  # cuda: not calibrated
 MIN_CFACTOR, MAX_CFACTOR = 32, 512
 
 
 def auto_cfactor(
-    steps: int, batch: int, hidden: int, device: str = "cpu", early_exit: bool = True
+    steps: int, batch: int, hidden: int, device: str = "cpu", options: Optional[MGRIT] = None
 ) -> int:
     """The chunk length m for ``cfactor="auto"``: the power of two nearest to
-    ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows = OVERHEAD_ROWS[device] *
-    (64 / hidden)^1.5``, or without early exit to ``steps * batch / (ROWS_PER_STEP[device] *
-    64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
+    ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows`` the step overhead in rows of
+    :func:`mgrit_gru.cost.overhead_rows`, or without early exit to ``steps * batch /
+    (ROWS_PER_STEP[device] * 64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
+    early_exit = True if options is None else options.early_exit
     kind = str(device).split(":")[0]
-    if kind not in OVERHEAD_ROWS:
+    if kind not in ROWS_PER_STEP:
         kind = "cpu"
-    scale = 64 / max(hidden, 1)
     if early_exit:
-        ideal = math.sqrt(EXIT_STEPS * steps * batch / (OVERHEAD_ROWS[kind] * scale**1.5))
+        ideal = math.sqrt(EXIT_STEPS * steps * batch / cost.overhead_rows(hidden, device))
     else:
-        ideal = steps * batch / (ROWS_PER_STEP[kind] * scale)
+        ideal = steps * batch / (ROWS_PER_STEP[kind] * 64 / max(hidden, 1))
     m = 2 ** round(math.log2(max(ideal, 1.0)))
     return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 
 
-def as_options(solver: object) -> MGRIT:
-    """Turn the ``solver=`` argument of :class:`mgrit_gru.GRU` into an :class:`MGRIT`."""
-    if isinstance(solver, MGRIT):
+def as_options(solver: object) -> Union[MGRIT, Auto]:
+    """Turn the ``solver=`` argument of :class:`mgrit_gru.GRU` into options."""
+    if isinstance(solver, (MGRIT, Auto)):
         return solver
     if solver == "serial":
         return MGRIT.serial()
-    if solver == "mgrit" or solver is None:
+    if solver == "mgrit":
         return MGRIT()
+    if solver == "auto" or solver is None:
+        return Auto()
     raise ValueError(
-        f"GRU: unknown solver={solver!r}; pass 'mgrit', 'serial' or an mgrit_gru.MGRIT(...) object"
+        f"GRU: unknown solver={solver!r}; pass 'auto', 'mgrit', 'serial', an "
+        "mgrit_gru.MGRIT(...) or an mgrit_gru.Auto(...) object"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -13,14 +14,21 @@ class SolveStats:
         pass_: ``"forward"`` or ``"backward"`` (the adjoint solve).
         layer, reverse: which layer, and whether it is the reverse direction.
         steps: sequence length T.
-        levels: time grids used (1 = serial).
-        iterations: V-cycles run.
+        levels: time grids of the solve that gave the result (1 = serial).
+        iterations: V-cycles MGRIT ran (also when it then fell back).
         residuals: largest absolute C-point residual after each relaxation (forward: absolute;
             backward: relative to the largest incoming gradient). Empty for a serial solve.
-        converged: the last residual met the tolerance (always True for a serial solve).
-        fell_back: the MGRIT solve diverged and this result came from the serial solve.
-        skipped: with ``on_divergence="backoff"``, MGRIT was not tried at all (earlier calls of
-            this layer and pass diverged); the result came from the serial solve.
+        converged: the result meets the tolerance: MGRIT converged, or the result is the
+            serial solve's (exact). False for a fixed budget or a kept unconverged result.
+        fell_back: the result came from the serial solve although MGRIT was asked for
+            (after MGRIT stopped, or without trying it: ``skipped``).
+        skipped: MGRIT was not tried at all; ``reason`` says why (backoff after divergences,
+            or the automatic choice).
+        stopped: why MGRIT stopped unconverged: ``"diverged"``, ``"cost"`` (the cost guard:
+            finishing was predicted to cost more than the serial solve), ``"cap"``
+            (``max_iters``), or None.
+        cost, serial_cost: the modelled cost (microseconds, :mod:`mgrit_gru.cost`) of what
+            this call ran, and of the serial solve alone.
     """
 
     pass_: str
@@ -33,10 +41,19 @@ class SolveStats:
     converged: bool
     fell_back: bool
     skipped: bool = False
+    stopped: Optional[str] = None
+    reason: Optional[str] = None
+    cost: float = 0.0
+    serial_cost: float = 0.0
 
     @property
     def residual(self) -> float:
         return self.residuals[-1] if self.residuals else 0.0
+
+    @property
+    def by_mgrit(self) -> bool:
+        """The result came from MGRIT (not from the serial solve)."""
+        return self.levels > 1
 
 
 def _max(values, default=0):
@@ -50,6 +67,10 @@ class RunStats:
 
     forward: list[SolveStats] = field(default_factory=list)
     backward: list[SolveStats] = field(default_factory=list)
+
+    @property
+    def solves(self) -> list[SolveStats]:
+        return self.forward + self.backward
 
     @property
     def forward_iterations(self) -> int:
@@ -69,18 +90,27 @@ class RunStats:
 
     @property
     def converged(self) -> bool:
-        return all(s.converged for s in self.forward + self.backward)
+        return all(s.converged for s in self.solves)
 
     @property
     def fell_back(self) -> bool:
-        return any(s.fell_back for s in self.forward + self.backward)
+        return any(s.fell_back for s in self.solves)
+
+    @property
+    def mgrit_share(self) -> tuple[int, int]:
+        """(solves whose result came from MGRIT, solves)."""
+        return sum(s.by_mgrit for s in self.solves), len(self.solves)
 
     def summary(self) -> str:
         text = f"fwd it={self.forward_iterations} res={self.forward_residual:.1e}"
         if self.backward:
             text += f" | bwd it={self.backward_iterations} res={self.backward_residual:.1e}"
-        if any(s.skipped for s in self.forward + self.backward):
-            text += " | serial (backing off after divergence)"
-        elif self.fell_back:
-            text += " | fell back to serial"
+        reasons = sorted({s.reason for s in self.solves if s.reason})
+        stops = sorted({s.stopped for s in self.solves if s.fell_back and s.stopped})
+        if reasons:
+            text += " | serial: " + "; ".join(reasons)
+        elif stops:
+            text += f" | fell back to serial ({', '.join(stops)})"
+        elif self.solves and not any(s.by_mgrit for s in self.solves):
+            text += " | serial"
         return text

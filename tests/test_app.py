@@ -302,7 +302,7 @@ def test_train_with_cfactor_auto(tmp_path):
     add_config_arguments(parser)
     args = parser.parse_args([*_flags({**SMALL, "epochs": 1}), "--cfactor", "auto"])
     cfg = TrainConfig(**given_overrides(args))
-    assert cfg.cfactor == "auto" and cfg.solver_options().cfactor == "auto"
+    assert cfg.cfactor == "auto" and cfg.mgrit_options().cfactor == "auto"
     rows = train(cfg, tmp_path / "run", progress=False, log=lambda *a: None)
     assert rows[0]["fwd_iters_mean"] >= 0
 
@@ -340,7 +340,7 @@ def test_resume_a_run_from_before_a_config_field_existed(tmp_path):
     assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
     assert load_checkpoint(run)["epoch"] == 2
     resumed = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
-    assert resumed.solver_options().early_exit and resumed.solver_options().keep_gates
+    assert resumed.mgrit_options().early_exit and resumed.mgrit_options().keep_gates
 
 
 def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):

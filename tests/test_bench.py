@@ -61,8 +61,8 @@ def test_bench_table_and_json(tmp_path, capsys):
 
 @pytest.mark.skipif(not memory.supported("cpu"), reason="needs Linux /proc/self/clear_refs")
 def test_peak_memory_probe_measures_the_step():
-    small = memory.step_peak_mb("mgrit", 512, 4, 8, 32, options={"cfactor": 8})
-    large = memory.step_peak_mb("mgrit", 16384, 4, 8, 32, options={"cfactor": 8})
+    small = memory.step_peak_mb("mgrit", 512, 4, 8, 32, setting="cfactor=8")
+    large = memory.step_peak_mb("mgrit", 16384, 4, 8, 32, setting="cfactor=8")
     torch_large = memory.step_peak_mb("torch", 16384, 4, 8, 32)
     # a step at T=16384 holds at least its outputs, their gradient and the saved states
     assert large - small > 3 * 16384 * 4 * 32 * 4 / 2**20

@@ -184,3 +184,78 @@ def test_early_exit_without_merging_changes_nothing():
         runs.append(r)
     assert torch.equal(runs[0].u, runs[1].u) and torch.equal(runs[0].uend, runs[1].uend)
     assert runs[0].residuals == runs[1].residuals
+
+
+class ScalarWithFactors(Scalar):
+    """A linear diagonal level that knows its chunk factors (the product of its steps)."""
+
+    def chunk_factors(self):
+        return self.a.prod(0).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("levels", [2, 3])
+def test_frozen_coarse_correction_is_exact_for_a_diagonal_problem(levels):
+    """For u_{k+1} = a_k u_k + f_k the chunk maps are exactly the frozen products, so the
+    frozen coarse correction (composed over levels) solves it in one cycle."""
+    from mgrit_gru.core.coarse import DiagonalStep
+
+    T, m = 200, 4
+    a = torch.rand(T) + 0.5  # not contractive: relaxation alone would not do it
+    f = torch.randn(T, 1)
+    grids = build_grids(T, m, levels)
+    ops = [ScalarWithFactors(grids[0], pad_steps(a, grids[0], 1.0))]
+    ops += [DiagonalStep(g) for g in grids[1:]]
+    r = solve(grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax="F", max_iters=1)
+    exact = serial(a, torch.ones(1), f)
+    assert (flat_points(r.u, r.uend) - exact).abs().max() < 1e-10
+
+
+def test_secant_with_one_iterate_is_the_frozen_map_and_learns_with_more():
+    """SecantStep: refreshed once it is the frozen diagonal map; with a pair of iterates it
+    maps their difference of starts onto their difference of ends."""
+    from mgrit_gru.core.coarse import DiagonalStep, SecantStep
+
+    grid = Grid(N=6, m=3, n=2)
+    factors = torch.rand(6, 2, 4)
+    U1, P1 = torch.randn(7, 2, 4), torch.randn(6, 2, 4)
+    frozen, secant = DiagonalStep(grid), SecantStep(grid, depth=2)
+    frozen.refresh(factors, U1, P1)
+    secant.refresh(factors, U1, P1)
+    v = torch.randn(3, 2, 2, 4)
+    assert torch.equal(frozen(v, None), secant(v, None))
+    U2, P2 = U1 + torch.randn(7, 2, 4), P1 + torch.randn(6, 2, 4)
+    secant.refresh(factors, U2, P2)
+    dU = chunk_view(U2[:6] - U1[:6], grid)
+    dP = chunk_view(P2 - P1, grid)
+    assert torch.allclose(secant(dU, None), dP, atol=1e-8)
+    assert not torch.allclose(frozen(dU, None), dP, atol=1e-3)
+
+
+def test_frozen_gate_chunk_map_is_the_composition_of_its_steps():
+    """Along a sweep the forward step records 1 - theta (z for the classic cell); with the
+    sweep's gates held fixed, a chunk maps a changed start h0 + d to its end + A d, A the
+    product of those factors (ForwardStep.chunk_factors)."""
+    from mgrit_gru.gru import cell
+    from mgrit_gru.gru.solve import ForwardStep
+
+    torch.manual_seed(0)
+    m, n, B, H = 9, 2, 3, 5
+    grid = Grid(N=m * n, m=m, n=n)
+    gx, w_hh, b_hn = torch.randn(m * n, B, 3 * H), torch.randn(3 * H, H) * 0.5, torch.randn(H)
+    for name, dt in (("classic", None), ("implicit", torch.rand(m * n, B) * 3)):
+        kept = torch.empty(m * n, B, cell.KEPT * H)
+        factors = torch.empty(m * n, B, H)
+        op = ForwardStep(grid, gx, w_hh, b_hn, name, dt, kept, factors)
+        u = torch.empty(m + 1, n, B, H)
+        u[0] = torch.randn(n, B, H) * 0.5
+        for j in range(m):
+            op(u[j], j, out=u[j + 1])
+        gates = chunk_view(kept, grid)  # (m, n, B, 4H): r, z, n, gh_n per step
+        d = torch.randn(n, B, H) * 1e-3
+        h = u[0] + d
+        for j in range(m):
+            z, nn_ = gates[j][..., H : 2 * H], gates[j][..., 2 * H : 3 * H]
+            w = 1 - z if dt is None else (1 - z) * chunk_view(dt, grid)[j].unsqueeze(-1)
+            theta = w if name == "classic" else w / (1 + w)
+            h = (1 - theta) * h + theta * nn_  # the step with its gates frozen
+        assert torch.allclose(h, u[m] + op.chunk_factors() * d, atol=1e-14, rtol=0)

@@ -26,6 +26,10 @@ CASES = [
     (150, 1, True, True, dict(cfactor=4, tol=1e-12, max_iters=60)),
     (97, 2, True, True, dict(cfactor=4, levels=1)),
     (181, 1, False, True, dict(cfactor=4)),
+    # the chunk-map coarse corrections: factors and secant pairs gathered over the ranks
+    (203, 1, True, True, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60, coarse="frozen")),
+    (150, 2, False, False, dict(cfactor=4, tol=1e-12, max_iters=60, coarse="secant")),
+    (181, 1, True, False, dict(cfactor=4, tol=1e-12, max_iters=60, relax="FCFCF")),
 ]
 
 
@@ -64,7 +68,8 @@ def _worker(rank: int, size: int, port: int) -> None:
             (root, CASES[5]),
         ]:
             torch.manual_seed(0)
-            options = mgrit_gru.MGRIT(**opts)
+            # the cost guard runs in one process only (ranks' meters count their own slices)
+            options = mgrit_gru.MGRIT(**opts, guard=mgrit_gru.Guard(cost=False))
             kw = dict(num_layers=layers, bidirectional=bidir)
             single = mgrit_gru.GRU(3, 5, solver=options, **kw)
             with torch.no_grad():
@@ -226,7 +231,7 @@ def _mesh_worker(rank: int, size: int, port: int) -> None:
     data_group, tg = data_time_mesh(2, 2)
     replica = dist.get_rank(data_group)  # which half of the batch
     torch.manual_seed(0)
-    opts = mgrit_gru.MGRIT(cfactor=4, tol=1e-12, max_iters=60)
+    opts = mgrit_gru.MGRIT(cfactor=4, tol=1e-12, max_iters=60, guard=mgrit_gru.Guard(cost=False))
     single = mgrit_gru.GRU(3, 5, solver=opts)
     multi = mgrit_gru.GRU(3, 5, solver=opts, time_group=tg)
     multi.load_state_dict(single.state_dict())

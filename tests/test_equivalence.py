@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import grads_of, make_ref, max_errors, tight
@@ -57,11 +59,22 @@ def test_mgrit_to_tolerance_equals_torch(relax, levels, cfactor, T):
     assert len(stats.forward) == len(stats.backward) == 1
 
 
-@pytest.mark.parametrize("relax,cfactor,levels", [("FCF", 16, "auto"), ("FCF", 4, 4), ("F", 8, 2)])
-@pytest.mark.parametrize("coarse_gates", ["average", "inject"])
-def test_mgrit_long_memory_equals_torch(relax, cfactor, levels, coarse_gates):
+COARSE = [
+    mgrit_gru.Implicit("average"),
+    mgrit_gru.Implicit("inject"),
+    "frozen",
+    "secant",
+    mgrit_gru.Secant(depth=1),
+]
+
+
+@pytest.mark.parametrize(
+    "relax,cfactor,levels", [("FCF", 16, "auto"), ("FCF", 4, 4), ("F", 8, 2), ("FCFCF", 8, 3)]
+)
+@pytest.mark.parametrize("coarse", COARSE)
+def test_mgrit_long_memory_equals_torch(relax, cfactor, levels, coarse):
     ref = make_ref(3, 6, zbias=4.0)
-    opts = tight(relax=relax, cfactor=cfactor, levels=levels, coarse_gates=coarse_gates)
+    opts = tight(relax=relax, cfactor=cfactor, levels=levels, coarse=coarse)
     ours = mgrit_gru.GRU.from_torch(ref, solver=opts)
     x, h0 = torch.randn(1459, 2, 3), torch.randn(1, 2, 6)
     assert max(max_errors(ref, ours, x, h0)) < 1e-8
@@ -80,9 +93,10 @@ def test_auto_cfactor_is_resolved_per_call_and_exact_to_tolerance():
     assert ours.solver.cfactor == "auto"  # the module keeps the request, not one call's pick
 
 
-def test_mgrit_multilayer_bidirectional_batch_first_unbatched():
+@pytest.mark.parametrize("coarse", ["implicit", "frozen", "secant"])
+def test_mgrit_multilayer_bidirectional_batch_first_unbatched(coarse):
     ref = make_ref(3, 5, layers=2, bidirectional=True, batch_first=True, zbias=2.0)
-    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4))
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4, coarse=coarse))
     x, h0 = torch.randn(3, 130, 3), torch.randn(4, 3, 5)
     assert max(max_errors(ref, ours, x, h0)) < 1e-8
     assert len(ours.last_stats.forward) == 4
@@ -103,9 +117,10 @@ def test_default_options_are_accurate_in_float32():
     assert ours.last_stats.forward[0].levels >= 2
 
 
-def test_gradcheck_through_mgrit():
+@pytest.mark.parametrize("coarse", ["implicit", "secant"])
+def test_gradcheck_through_mgrit(coarse):
     ref = make_ref(2, 3)
-    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=3, levels=3))
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=3, levels=3, coarse=coarse))
     x = torch.randn(20, 2, 2, requires_grad=True)
     h0 = torch.randn(1, 2, 3, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: ours(a, b), (x, h0))
@@ -120,8 +135,11 @@ def test_parareal_property_through_the_gru():
         y_ref = ref(x)[0]
 
     def error(iters):
-        opts = mgrit_gru.MGRIT(relax="F", levels=2, cfactor=m, tol=0.0, max_iters=iters)
-        with torch.no_grad():
+        guard = mgrit_gru.Guard(patience=100, cost=False)
+        opts = mgrit_gru.MGRIT(
+            relax="F", levels=2, cfactor=m, tol=0.0, max_iters=iters, guard=guard
+        ).replace(on_unconverged="warn")  # keep what the capped cycles computed
+        with torch.no_grad(), pytest.warns(mgrit_gru.ConvergenceWarning):
             return (mgrit_gru.GRU.from_torch(ref, solver=opts)(x)[0] - y_ref).abs().max().item()
 
     assert error(T // m - 1) < 1e-13
@@ -149,11 +167,11 @@ def test_dropout_between_layers_matches_manual_composition():
     assert (y_eval - second(first(x)[0])[0]).abs().max() < 1e-8
 
 
-@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+@pytest.mark.parametrize("solver", ["serial", "implicit", "frozen", "secant"])
 def test_implicit_cell_serial_and_mgrit_agree_with_literal_loop(solver):
     from test_cell import implicit_reference
 
-    opts = "serial" if solver == "serial" else tight(cfactor=4)
+    opts = "serial" if solver == "serial" else tight(cfactor=4, coarse=solver)
     ours = mgrit_gru.GRU(3, 5, cell="implicit", solver=opts)
     x = torch.randn(90, 2, 3, requires_grad=True)
     w_ih, w_hh = ours.weight_ih_l0, ours.weight_hh_l0
@@ -202,7 +220,7 @@ def test_two_calls_before_backward_keep_their_own_results():
 def test_autocast_bf16_runs_the_solve_in_the_parameters_dtype():
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 8).float()
-    gru = mgrit_gru.GRU(8, 16, dtype=torch.float32)
+    gru = mgrit_gru.GRU(8, 16, dtype=torch.float32, solver="mgrit")
     x = torch.randn(300, 2, 4, dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         u = lin(x)
@@ -218,6 +236,7 @@ def test_autocast_bf16_runs_the_solve_in_the_parameters_dtype():
 @pytest.mark.parametrize(
     "solver,cell,varlen,bidirectional,B",
     [
+        ("serial", "classic", True, False, 64),
         ("serial", "classic", False, False, 64),
         ("serial", "classic", True, False, 3),
         ("FCF", "classic", False, True, 1),
@@ -230,8 +249,9 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
     """keep_gates=True (the default: the backward linearises from the forward's gates) and
     False (recomputes them) give the same outputs and gradients. The gates are kept where the
     fine steps are wide (MGRIT's chunks, or a batch of 64 in the serial sweep), not for a serial
-    sweep over 3 sequences."""
+    sweep over 3 sequences, nor where the serial forward runs torch's fused loop."""
     from mgrit_gru.gru import cell as gru
+    from mgrit_gru.gru.solve import FUSED_MAX
 
     calls = []
     kept_fn = gru.linearise_kept
@@ -251,7 +271,8 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
         loss = (y * wy).sum() + h_n.sum()
         results.append([y, h_n, *torch.autograd.grad(loss, [leaf, *ours.parameters()])])
         rows = B * (1 if solver == "serial" else -(-T // 4))  # per fine step
-        assert bool(calls) == (keep and rows >= 64)
+        fused = solver == "serial" and not varlen and cell == "classic" and B * 5 <= FUSED_MAX
+        assert bool(calls) == (keep and rows >= 64 and not fused)
         calls.clear()
     for a, b in zip(*results):
         assert (a - b).abs().max() < 1e-10
@@ -362,3 +383,24 @@ def test_early_exit_keeps_the_first_sweeps_gates_where_it_stops(monkeypatch):
         assert (y - y_r).abs().max() < 1e-8
         results.append(g)
     assert max((a - b).abs().max().item() for a, b in zip(*results)) < 1e-12
+
+
+def test_secant_after_one_cycle_is_the_frozen_correction():
+    """The secant correction needs two iterates: capped at one cycle (one coarse correction
+    built from one iterate) it computes what the frozen correction does, bit for bit; with
+    more cycles it differs (and converges at least as fast here)."""
+    ref = make_ref(3, 6, zbias=3.0)
+    x = torch.randn(800, 2, 3, requires_grad=True)
+    results, cycles = {}, {}
+    for coarse in ("frozen", "secant"):
+        for iters in (1, 60):
+            opts = tight(cfactor=16, coarse=coarse, max_iters=iters, tol=1e-11)
+            ours = mgrit_gru.GRU.from_torch(ref, solver=opts.replace(on_unconverged="warn"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", mgrit_gru.ConvergenceWarning)
+                y, _ = ours(x)
+            results[coarse, iters] = y.detach()
+            cycles[coarse, iters] = ours.last_stats.forward_iterations
+    assert torch.equal(results["frozen", 1], results["secant", 1])
+    assert not torch.equal(results["frozen", 60], results["secant", 60])
+    assert cycles["secant", 60] <= cycles["frozen", 60]

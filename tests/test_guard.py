@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import make_ref, max_errors
+from conftest import make_ref, max_errors, tight
 
 import mgrit_gru
 
@@ -22,7 +22,7 @@ def expanding_ref():
 @pytest.mark.parametrize("zbias", [0.0, 3.0])
 def test_residuals_decrease_for_contractive_gru(zbias):
     ref = make_ref(4, 8, zbias=zbias)
-    ours = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=8, tol=1e-12, max_iters=30))
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=8, tol=1e-12, max_iters=30))
     x = torch.randn(2000, 3, 4, requires_grad=True)
     y, hn = ours(x)
     (y.sum() + hn.sum()).backward()
@@ -63,12 +63,39 @@ def test_no_warning_when_converging():
     assert not ours.last_stats.fell_back
 
 
-def test_unconverged_is_data_not_an_error():
+def _capped(on_unconverged):
+    """A long-memory GRU that one cycle cannot solve to 1e-12 (and no guard stops earlier)."""
     ref = make_ref(3, 6, zbias=4.0)
-    ours = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=16, tol=1e-14, max_iters=1))
-    ours(torch.randn(1000, 2, 3))
+    opts = tight(cfactor=16, tol=1e-12, max_iters=1, on_unconverged=on_unconverged)
+    return ref, mgrit_gru.GRU.from_torch(ref, solver=opts)
+
+
+def test_a_capped_solve_falls_back_and_warns():
+    """A solve at its cycle cap above tol returns the serial solve's exact result, says so
+    once, and keeps the residual history that led there."""
+    ref, ours = _capped("fallback")
+    x = torch.randn(1000, 2, 3)
+    with pytest.warns(mgrit_gru.ConvergenceWarning, match="cycle cap above the tolerance"):
+        y, _ = ours(x)
+    with torch.no_grad():
+        assert (y - ref(x)[0]).abs().max() < 1e-12
     stats = ours.last_stats.forward[0]
-    assert not stats.converged and stats.iterations == 1 and len(stats.residuals) == 2
+    assert stats.fell_back and stats.converged and stats.stopped == "cap"
+    assert stats.iterations == 1 and len(stats.residuals) == 2 and stats.residuals[-1] > 1e-12
+
+
+def test_a_capped_solve_can_keep_its_result_or_raise():
+    ref, ours = _capped("warn")
+    x = torch.randn(1000, 2, 3)
+    with pytest.warns(mgrit_gru.ConvergenceWarning, match="its result is kept"):
+        y, _ = ours(x)
+    stats = ours.last_stats.forward[0]
+    assert not stats.converged and not stats.fell_back and stats.levels > 1
+    with torch.no_grad():
+        assert (y - ref(x)[0]).abs().max() > 1e-12
+    _, ours = _capped("raise")
+    with pytest.raises(mgrit_gru.DivergenceError, match="did not reach tol within max_iters=1"):
+        ours(x)
 
 
 def test_backoff_skips_mgrit_after_divergence_and_doubles():
@@ -97,15 +124,16 @@ def test_backoff_skips_mgrit_after_divergence_and_doubles():
 
 
 def test_backoff_resets_after_a_converged_solve():
-    from mgrit_gru.gru.solve import DivergenceMemory
+    from mgrit_gru.gru.control import DivergenceMemory, Outcome
 
     memory, key = DivergenceMemory(), ("forward", 0, False)
-    memory.record(key, diverged=True)
-    memory.record(key, diverged=True)  # the next 2 calls skip
-    assert [memory.skip(key) for _ in range(3)] == [True, True, False]
-    memory.record(key, diverged=False)
-    memory.record(key, diverged=True)  # back to skipping 1
-    assert [memory.skip(key) for _ in range(2)] == [True, False]
+    diverged, converged = Outcome(True, 2.0, 1.0, "diverged"), Outcome(True, 0.5, 1.0)
+    memory.record(key, diverged)
+    memory.record(key, diverged)  # the next 2 calls skip
+    assert [bool(memory.skip(key)) for _ in range(3)] == [True, True, False]
+    memory.record(key, converged)
+    memory.record(key, diverged)  # back to skipping 1
+    assert [bool(memory.skip(key)) for _ in range(2)] == [True, False]
     assert not memory.skip(("backward", 0, False))
 
 

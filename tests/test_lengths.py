@@ -27,14 +27,14 @@ def run(module, packed_data, lengths, h0, batch_first, enforce_sorted, weights):
     return [y_pad.detach(), hn.detach(), *torch.autograd.grad(loss, [x, h, *module.parameters()])]
 
 
-@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+@pytest.mark.parametrize("solver", ["serial", "implicit", "frozen", "secant"])
 @pytest.mark.parametrize(
     "layers,bidirectional,batch_first,enforce_sorted",
     [(1, False, False, False), (2, True, True, False), (1, True, False, True)],
 )
 def test_packed_sequence_equals_torch(solver, layers, bidirectional, batch_first, enforce_sorted):
     ref = make_ref(3, 5, layers, bidirectional, batch_first, zbias=2.0)
-    opts = "serial" if solver == "serial" else tight(cfactor=8)
+    opts = "serial" if solver == "serial" else tight(cfactor=8, coarse=solver)
     ours = mgrit_gru.GRU.from_torch(ref, solver=opts)
     lengths = sorted(LENGTHS, reverse=True) if enforce_sorted else LENGTHS
     B, T = len(lengths), max(lengths)

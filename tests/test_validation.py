@@ -17,14 +17,19 @@ from mgrit_gru import MGRIT
         (dict(cfactor="fast"), r"invalid cfactor='fast'; expected an integer >= 2 or 'auto'"),
         (dict(levels=0), r"invalid levels=0; expected an integer >= 1"),
         (dict(levels="many"), r"invalid levels='many'"),
-        (dict(relax="C"), r"invalid relax='C'; choose one of \('F', 'FCF'\)"),
+        (dict(relax="C"), r"invalid relax='C'; expected 'F' followed by 'CF' repeated"),
+        (dict(relax="FCFC"), r"invalid relax='FCFC'"),
+        (dict(coarse="exact"), r"invalid coarse='exact'; choose one of \('implicit', 'frozen'"),
+        (dict(coarse=3), r"invalid coarse=3"),
         (dict(tol=-1e-3), r"invalid tol=-0.001; expected a finite number >= 0"),
         (dict(tol=float("nan")), r"invalid tol=nan"),
         (dict(max_iters=-1), r"invalid max_iters=-1"),
         (dict(backward_tol=-1.0), r"invalid backward_tol=-1.0"),
         (dict(backward_max_iters=1.5), r"invalid backward_max_iters=1.5"),
-        (dict(coarse_gates="mean"), r"invalid coarse_gates='mean'; choose one of"),
         (dict(on_divergence="ignore"), r"invalid on_divergence='ignore'; choose one of"),
+        (dict(on_unconverged="ignore"), r"invalid on_unconverged='ignore'; choose one of"),
+        (dict(guard=3), r"invalid guard=3; expected a mgrit_gru.Guard"),
+        (dict(budget=2), r"invalid budget=2; expected None or a mgrit_gru.Budget"),
         (dict(keep_gates=1), r"invalid keep_gates=1; expected True or False"),
         (dict(early_exit="yes"), r"invalid early_exit='yes'; expected True or False"),
     ],
@@ -34,18 +39,52 @@ def test_invalid_options(kwargs, match):
         MGRIT(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: mgrit_gru.Implicit(gates="mean"), r"Implicit: invalid gates='mean'; choose one"),
+        (lambda: mgrit_gru.Secant(depth=0), r"Secant: invalid depth=0; expected an integer >= 1"),
+        (lambda: mgrit_gru.Guard(patience=0), r"Guard: invalid patience=0"),
+        (lambda: mgrit_gru.Guard(cost="yes"), r"Guard: invalid cost='yes'; expected True or"),
+        (lambda: mgrit_gru.Budget(forward=-1), r"Budget: invalid forward=-1"),
+        (lambda: mgrit_gru.Budget(backward_relax="C"), r"Budget: invalid backward_relax='C'"),
+        (lambda: mgrit_gru.Budget(gradient="exact"), r"Budget: invalid gradient='exact'"),
+        (lambda: mgrit_gru.Auto(mgrit="fast"), r"Auto: invalid mgrit='fast'"),
+        (lambda: mgrit_gru.Auto(MGRIT(budget=mgrit_gru.Budget())), r"a budget or serial MGRIT"),
+        (lambda: mgrit_gru.Auto(max_wait=0), r"Auto: invalid max_wait=0"),
+    ],
+)
+def test_invalid_option_families(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_option_families_accept_names_and_objects():
+    assert MGRIT(coarse="secant").coarse == mgrit_gru.Secant()
+    assert MGRIT(coarse=mgrit_gru.Secant(depth=2)).coarse.depth == 2
+    assert MGRIT(coarse="implicit").coarse == mgrit_gru.Implicit("average")
+    assert MGRIT(relax="FCFCFCF").relax == "FCFCFCF"
+    assert MGRIT(coarse="frozen", relax="FCFCF").describe() == "mgrit(relax=FCFCF,coarse=frozen)"
+    budget = MGRIT(budget=mgrit_gru.Budget(2, 1, backward_relax="F"))
+    assert (budget.fwd_max_iters, budget.bwd_max_iters, budget.bwd_relax) == (2, 1, "F")
+    assert budget.fwd_tol == 0.0 and budget.bwd_tol == 0.0
+
+
 def test_options_are_frozen_and_backward_defaults_follow_forward():
     opts = MGRIT(tol=1e-7, max_iters=3)
     assert opts.bwd_tol == 1e-7 and opts.bwd_max_iters == 3
     assert MGRIT(tol=1e-7, backward_tol=1e-4).bwd_tol == 1e-4
     with pytest.raises(AttributeError):
         opts.tol = 1.0
-    assert MGRIT.serial().is_serial and MGRIT(levels="auto").num_levels(16384) == 3
+    assert MGRIT.serial().is_serial
+    assert MGRIT(cfactor=32, levels="auto").num_levels(16384) == 3
 
 
 def test_module_arguments():
     with pytest.raises(ValueError, match="unknown solver='fast'"):
         mgrit_gru.GRU(3, 4, solver="fast")
+    assert isinstance(mgrit_gru.GRU(3, 4).solver, mgrit_gru.Auto)
+    assert isinstance(mgrit_gru.GRU(3, 4, solver="mgrit").solver, MGRIT)
     with pytest.raises(ValueError, match="unknown cell='lstm'"):
         mgrit_gru.GRU(3, 4, cell="lstm")
     with pytest.raises(ValueError, match="hidden_size must be a positive integer"):

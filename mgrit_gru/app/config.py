@@ -8,7 +8,19 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
-from ..options import COARSE_GATES_CHOICES, MGRIT, ON_DIVERGENCE_CHOICES, RELAX_CHOICES
+from ..options import (
+    COARSE_CHOICES,
+    COARSE_GATES_CHOICES,
+    GRADIENT_CHOICES,
+    MGRIT,
+    ON_DIVERGENCE_CHOICES,
+    ON_UNCONVERGED_CHOICES,
+    RELAX_CHOICES,
+    Auto,
+    Budget,
+    Guard,
+    Implicit,
+)
 from .datasets import SYNTHETIC_DEFAULT_LENGTH
 
 
@@ -52,22 +64,40 @@ class TrainConfig:
         "implicit",
     )
     solver: str = _opt(
-        "mgrit",
-        "how the GRU is solved: mgrit (parallel in time), serial (exact sequential, same "
+        "auto",
+        "how the GRU is solved: auto (MGRIT or the serial solve per layer and pass, whichever "
+        "the cost model says is faster), mgrit (always MGRIT), serial (exact sequential, same "
         "kernels) or torch (torch.nn.GRU, as a reference)",
+        "auto",
         "mgrit",
         "serial",
         "torch",
     )
+    pool: str = _opt(
+        "last",
+        "what the classifier's head reads: the last state, or the mean or max of the last "
+        "layer's outputs over each sequence's steps",
+        "last",
+        "mean",
+        "max",
+    )
     cfactor: Union[int, str] = _opt(
-        32,
+        "auto",
         "MGRIT chunk length (coarsening factor, an int >= 2) or auto (chosen per call from "
         "T, batch and hidden size)",
     )
     levels: Union[int, str] = _opt(
         "auto", "MGRIT time grids (an int; auto: coarsen until <= cfactor coarse steps)"
     )
-    relax: str = _opt("FCF", "MGRIT relaxation: F or FCF", *RELAX_CHOICES)
+    relax: str = _opt(
+        "FCF", f"MGRIT relaxation: F followed by CF repeated ({', '.join(RELAX_CHOICES)}, ...)"
+    )
+    coarse: str = _opt(
+        "implicit",
+        "MGRIT's coarse correction: implicit GRU steps, frozen-gate chunk maps, or those with "
+        "a multisecant correction",
+        *COARSE_CHOICES,
+    )
     tol: float = _opt(1e-5, "MGRIT forward tolerance on the largest absolute residual")
     max_iters: int = _opt(10, "cap on MGRIT forward cycles per call")
     backward_tol: Optional[float] = _opt(
@@ -82,11 +112,45 @@ class TrainConfig:
         "injected from its first step",
         *COARSE_GATES_CHOICES,
     )
+    patience: int = _opt(
+        2, "MGRIT cycles without a new smallest residual before a solve counts as diverged"
+    )
+    cost_guard: bool = _opt(
+        True,
+        "stop an MGRIT solve once finishing it is predicted to cost more than the serial "
+        "solve, and solve serially (--no-cost-guard: only divergence stops it)",
+    )
     on_divergence: str = _opt(
         "fallback",
-        "a diverging MGRIT solve: fall back to serial; also skip MGRIT in the next "
-        "1, 2, 4 ... 64 calls (backoff); or stop",
+        "a diverging (or cost-stopped) MGRIT solve: fall back to serial; also skip MGRIT in "
+        "the next 1, 2, 4 ... 64 calls (backoff); or stop",
         *ON_DIVERGENCE_CHOICES,
+    )
+    on_unconverged: str = _opt(
+        "fallback",
+        "an MGRIT solve at --max-iters above --tol: fall back to serial (warns once), keep "
+        "its result (warn), or stop (raise)",
+        *ON_UNCONVERGED_CHOICES,
+    )
+    budget_forward: Optional[int] = _opt(
+        None,
+        "train with a fixed number of forward MGRIT cycles instead of --tol (the paper's "
+        "way; none: to tolerance); needs --budget-backward too",
+    )
+    budget_backward: Optional[int] = _opt(None, "fixed number of adjoint cycles of a budget")
+    budget_backward_relax: Optional[str] = _opt(
+        None, "the adjoint's relaxation under a budget (none: --relax)"
+    )
+    budget_gradient: str = _opt(
+        "adjoint",
+        "a budget's gradient: the adjoint at the inexact states (the paper's) or the exact "
+        "gradient of the budgeted forward (unrolled through its cycles)",
+        *GRADIENT_CHOICES,
+    )
+    eval_serial: bool = _opt(
+        True,
+        "a budget run also tests its weights with the exact serial solve each epoch "
+        "(--no-eval-serial: only with its budget)",
     )
     keep_gates: bool = _opt(
         True, "keep the gates for the backward (--no-keep-gates: recompute them)"
@@ -115,7 +179,7 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        positive = ["hidden", "layers", "epochs", "batch_size", "time_parallel"]
+        positive = ["hidden", "layers", "epochs", "batch_size", "time_parallel", "patience"]
         if self.cfactor != "auto":
             positive.append("cfactor")
         for name in positive:
@@ -143,28 +207,58 @@ class TrainConfig:
                     f"--{_flag(f.name)}: invalid value {getattr(self, f.name)!r}; choose one of "
                     f"{', '.join(legal)}"
                 )
+        if (self.budget_forward is None) != (self.budget_backward is None):
+            raise ValueError("--budget-forward and --budget-backward go together")
+        if self.budget is not None and self.solver not in ("mgrit", "serial", "torch"):
+            raise ValueError(
+                "a budget (--budget-forward/--budget-backward) needs --solver mgrit: the "
+                "automatic choice solves to a tolerance"
+            )
         self.solver_options()  # MGRIT validates its own fields
         if self.time_parallel > 1 and self.solver == "torch":
             raise ValueError("--time-parallel needs --solver mgrit or serial")
         if self.time_parallel > 1 and self.cfactor == "auto":
             raise ValueError("--time-parallel needs an integer --cfactor, not auto")
+        if self.time_parallel > 1 and self.pool != "last":
+            raise ValueError("--pool mean/max needs --time-parallel 1 (pooling over ranks)")
 
-    def solver_options(self) -> MGRIT:
-        if self.solver == "serial":
-            return MGRIT.serial().replace(keep_gates=self.keep_gates)
+    @property
+    def budget(self) -> Optional[Budget]:
+        """The fixed cycle budget of a --budget-forward/--budget-backward run, else None."""
+        if self.budget_forward is None or self.solver != "mgrit":
+            return None
+        return Budget(
+            self.budget_forward,
+            self.budget_backward,
+            self.budget_backward_relax,
+            self.budget_gradient,
+        )
+
+    def mgrit_options(self) -> MGRIT:
         return MGRIT(
             cfactor=self.cfactor,
             levels=self.levels,
             relax=self.relax,
+            coarse=Implicit(self.coarse_gates) if self.coarse == "implicit" else self.coarse,
             tol=self.tol,
             max_iters=self.max_iters,
             backward_tol=self.backward_tol,
             backward_max_iters=self.backward_max_iters,
-            coarse_gates=self.coarse_gates,
+            guard=Guard(self.patience, self.cost_guard),
             on_divergence=self.on_divergence,
+            on_unconverged=self.on_unconverged,
+            budget=self.budget,
             keep_gates=self.keep_gates,
             early_exit=self.early_exit,
         )
+
+    def solver_options(self):
+        """The GRU's ``solver=``: an MGRIT or Auto object (torch: the serial one, unused)."""
+        if self.solver == "serial":
+            return MGRIT.serial().replace(keep_gates=self.keep_gates)
+        if self.solver == "auto":
+            return Auto(self.mgrit_options())
+        return self.mgrit_options()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..module import GRU
 from .config import NOT_TRAINING, TrainConfig, parse_device, same_device
@@ -39,14 +39,15 @@ class Interrupted(Exception):
 
 
 class Classifier(nn.Module):
-    """GRU layers, then a linear head on the last layer's final state (both directions)."""
+    """GRU layers, then a linear head on the last layer's final state (both directions), or
+    on the mean or max of its outputs over each sequence's own steps (``--pool``)."""
 
     def __init__(self, cfg: TrainConfig, features: int, classes: int, time_group=None) -> None:
         super().__init__()
         shape = dict(batch_first=True, dropout=cfg.dropout, bidirectional=cfg.bidirectional)
         args = (features, cfg.hidden, cfg.layers)
         rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell, time_group=time_group)
-        self.time_group, self.cfactor = time_group, cfg.cfactor
+        self.time_group, self.cfactor, self.pool = time_group, cfg.cfactor, cfg.pool
         if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
             if cfg.cell != "classic":
                 raise RunError("--solver torch supports only --cell classic")
@@ -63,16 +64,32 @@ class Classifier(nn.Module):
             from ..distributed import scatter_time
 
             local = scatter_time(x, self.time_group, self.cfactor, dim=1)
-            _, h_n = self.rnn(local, lengths=lengths)
+            y, h_n = self.rnn(local, lengths=lengths)
         elif lengths is None:
-            _, h_n = self.rnn(x)
+            y, h_n = self.rnn(x)
         elif isinstance(self.rnn, GRU):
-            _, h_n = self.rnn(x, lengths=lengths)
+            y, h_n = self.rnn(x, lengths=lengths)
         else:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            _, h_n = self.rnn(packed)
-        last = h_n[-self.directions :]  # (D, B, H) of the last layer
-        return self.head(last.transpose(0, 1).reshape(x.shape[0], -1))
+            y, h_n = self.rnn(packed)
+            y, _ = pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])
+        return self.head(pooled(self.pool, y, h_n, lengths, self.directions))
+
+
+def pooled(pool: str, y: Tensor, h_n: Tensor, lengths: Optional[Tensor], directions: int):
+    """The classifier's features ``(B, D * H)``: the last layer's final state (``"last"``),
+    or the ``"mean"`` / ``"max"`` of its outputs ``y`` ``(B, T, D * H)`` over each sequence's
+    own steps (padded steps excluded)."""
+    B = y.shape[0]
+    if pool == "last":
+        return h_n[-directions:].transpose(0, 1).reshape(B, -1)
+    if lengths is None:
+        return y.mean(1) if pool == "mean" else y.amax(1)
+    valid = torch.arange(y.shape[1], device=y.device)[None, :] < lengths.to(y.device)[:, None]
+    if pool == "mean":
+        total = (y * valid.unsqueeze(-1).to(y.dtype)).sum(1)
+        return total / lengths.to(y.device, y.dtype).unsqueeze(-1)
+    return y.masked_fill(~valid.unsqueeze(-1), float("-inf")).amax(1)
 
 
 def _subset(data: Dataset, cfg: TrainConfig) -> Dataset:
@@ -121,6 +138,9 @@ class EpochStats:
     batches: int = 0
     last_fwd_residuals: tuple = ()
     last_bwd_residuals: tuple = ()
+    solves: tuple = (0, 0)  # forward, backward solves (layers x directions per batch)
+    by_mgrit: tuple = (0, 0)  # of them, those whose result came from MGRIT
+    cost_stops: int = 0  # MGRIT solves that the cost guard stopped
 
     def add(self, stats) -> None:
         if stats is None:
@@ -132,11 +152,19 @@ class EpochStats:
         self.bwd_iters_max = max(self.bwd_iters_max, stats.backward_iterations)
         self.fwd_res_max = max(self.fwd_res_max, stats.forward_residual)
         self.bwd_res_max = max(self.bwd_res_max, stats.backward_residual)
-        self.fallbacks += int(stats.fell_back)
+        self.fallbacks += int(any(s.fell_back and not s.skipped for s in stats.solves))
+        passes = (stats.forward, stats.backward)
+        self.solves = tuple(a + len(p) for a, p in zip(self.solves, passes))
+        self.by_mgrit = tuple(a + sum(s.by_mgrit for s in p) for a, p in zip(self.by_mgrit, passes))
+        self.cost_stops += sum(s.stopped == "cost" for s in stats.solves)
         if stats.forward:
             self.last_fwd_residuals = stats.forward[-1].residuals
         if stats.backward:
             self.last_bwd_residuals = stats.backward[-1].residuals
+
+    def share(self, i: int) -> float:
+        """The share of forward (0) or backward (1) solves that MGRIT gave."""
+        return self.by_mgrit[i] / self.solves[i] if self.solves[i] else 0.0
 
     def as_dict(self) -> dict:
         n = max(self.batches, 1)
@@ -148,6 +176,9 @@ class EpochStats:
             "fwd_residual_max": self.fwd_res_max,
             "bwd_residual_max": self.bwd_res_max,
             "fallbacks": self.fallbacks,
+            "mgrit_share_fwd": self.share(0),
+            "mgrit_share_bwd": self.share(1),
+            "cost_stops": self.cost_stops,
             "fwd_residuals_last_batch": list(self.last_fwd_residuals),
             "bwd_residuals_last_batch": list(self.last_bwd_residuals),
         }
@@ -226,6 +257,8 @@ def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history, partial=No
         "rng": torch.get_rng_state(),
         "history": history,
     }
+    if isinstance(model.rnn, GRU):  # what solver="auto" has learnt: a resume continues it
+        state["solver_state"] = model.rnn.solver_state()
     if partial is not None:
         state["partial"] = partial
     atomic_write_bytes(run / CHECKPOINT, lambda f: torch.save(state, f))
@@ -346,6 +379,8 @@ def train(
         except (RuntimeError, ValueError, KeyError) as exc:
             raise RunError(f"checkpoint in {run} does not fit the model: {exc}") from exc
         torch.set_rng_state(state["rng"])
+        if isinstance(model.rnn, GRU):
+            model.rnn.load_solver_state(state.get("solver_state", {}))
         history, start = list(state["history"]), int(state["epoch"])
         partial = state.get("partial")
         if main:
@@ -508,6 +543,7 @@ def _train_epoch(
             stats = model.rnn.last_stats
             postfix["fwd"] = f"{stats.forward_iterations}it {stats.forward_residual:.0e}"
             postfix["bwd"] = f"{stats.backward_iterations}it {stats.backward_residual:.0e}"
+            postfix["mgrit"] = f"{100 * solver.share(0):.0f}%/{100 * solver.share(1):.0f}%"
         bar.set_postfix(postfix, refresh=False)
         bar.update()
     bar.close()

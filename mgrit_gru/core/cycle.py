@@ -4,17 +4,23 @@ The cycle solves ``u_{k+1} = Phi_l(u_k; k) + g_k`` for ``k = 0 .. M-1`` with ``u
 hierarchy of grids (see :mod:`mgrit_gru.core.grid`). It knows nothing about the problem: each
 level supplies a :class:`Propagator` that applies that level's steps to a batch of states.
 
-One V-cycle on level l: relax (F or FCF), compute the C-point residual, form the coarse FAS
-problem ``v_{k+1} = Phi_{l+1}(v_k) + g_c`` with ``g_c = (Phi_l-propagated C-point) -
+One V-cycle on level l: relax (F, FCF, FCFCF, ...), compute the C-point residual, form the
+coarse FAS problem ``v_{k+1} = Phi_{l+1}(v_k) + g_c`` with ``g_c = (Phi_l-propagated C-point) -
 Phi_{l+1}(previous C-point)``, recurse, inject the coarse solution into the C-points and, below
 the finest level, F-relax so that every point of the level agrees with its corrected C-points.
 The coarsest level is solved exactly by stepping through it.
+
+A coarse propagator may be fixed for the solve (a rediscretised step) or rebuilt before each
+coarse correction from what the finer level's last sweep saw (:mod:`mgrit_gru.core.coarse`):
+such a propagator has a ``refresh`` method, and its finer level then provides
+``chunk_factors()``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
@@ -83,21 +89,36 @@ class LocalComm:
         return value
 
 
+def cf_sweeps(relax: str) -> int:
+    """The number of C-then-F sweeps after the first F-relaxation: "F" 0, "FCF" 1, "FCFCF" 2."""
+    if not isinstance(relax, str) or not re.fullmatch(r"F(CF)*", relax):
+        raise ValueError(f"relax={relax!r}: expected 'F' followed by 'CF' repeated (F, FCF, FCFCF)")
+    return (len(relax) - 1) // 2
+
+
 @dataclass
 class SolveResult:
+    """``stopped``: why an unconverged solve ended: ``"diverged"`` (a residual not finite, or
+    the guard saw no progress), ``"cost"`` (the guard judged the rest dearer than the
+    alternative), ``"cap"`` (``max_iters`` cycles), or None (converged, or one grid)."""
+
     u: Tensor  # (m, n, *S) level-0 points 0..M-1 in chunk layout
     uend: Tensor  # (*S) point M
     residuals: list[float] = field(default_factory=list)
     iterations: int = 0
     converged: bool = True
-    diverged: bool = False
+    stopped: Optional[str] = None
+
+    @property
+    def diverged(self) -> bool:
+        return self.stopped == "diverged"
 
 
 class _Solver:
     def __init__(self, grids: Sequence[Grid], ops: Sequence[Propagator], relax: str, comm):
         self.grids = grids
         self.ops = ops
-        self.relax = relax
+        self.sweeps = cf_sweeps(relax)
         self.comm = comm
         self.scratch: Optional[Tensor] = None
 
@@ -175,17 +196,27 @@ class _Solver:
         exit_tol: Optional[float] = None,
         stored: bool = False,
     ) -> Optional[float]:
-        """F or FCF relaxation. ``exit_tol``: an F-relaxation that follows another may exit
-        early (:meth:`f_relax`): FCF's second, and F's only one where ``stored`` (``u``'s
-        F-points hold the last sweep's states: after a coarse correction). Returns the
-        residual the exit left, or None. FCF's first sweep runs to the end (an exit there
-        would leave a residual that the second sweep's exit does not measure); where the
-        second may exit early, the first records, since some of its F-points stay."""
-        if self.relax == "F":
+        """F-relaxation followed by ``self.sweeps`` C- and F-relaxations (F, FCF, FCFCF ...).
+        ``exit_tol``: an F-relaxation that follows another may exit early (:meth:`f_relax`):
+        every F after a C, and the first where ``stored`` (``u``'s F-points hold the last
+        sweep's states: after a coarse correction). Returns the largest residual the exits
+        left, or None. With C-sweeps the first F runs to the end (an exit there would leave a
+        residual that a later exit does not measure); where a later one may exit early, the
+        first records, since some of its F-points stay."""
+        if self.sweeps == 0:
             return self.f_relax(level, u, g, exit_tol=exit_tol if stored else None)
         self.f_relax(level, u, g, provisional=exit_tol is None)
-        self.c_relax(level, u, uend, g)
-        return self.f_relax(level, u, g, exit_tol=exit_tol)
+        exits = []
+        for sweep in range(self.sweeps):
+            self.c_relax(level, u, uend, g)
+            last = sweep == self.sweeps - 1
+            exits.append(
+                self.f_relax(
+                    level, u, g, provisional=not last and exit_tol is None, exit_tol=exit_tol
+                )
+            )
+        exits = [e for e in exits if e is not None]
+        return max(exits) if exits else None
 
     # -- the cycle ------------------------------------------------------------------------
     def exact(self, level: int, u: Tensor, uend: Tensor, g: Optional[Tensor]) -> None:
@@ -198,20 +229,29 @@ class _Solver:
         ``propagated`` holds Phi_l(last F-point of chunk c) + g: the values C-points 1..n would
         take after a C-relaxation.
         """
+        refresh = getattr(self.ops[level + 1], "refresh", None)
+        factors = None if refresh is None else self.ops[level].chunk_factors()
         if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs
             c_points = torch.cat([self.comm.gather(u[0]), self.comm.last(uend).unsqueeze(0)])
             propagated = self.comm.gather(propagated)
-            solve = functools.partial(self.coarse_solve, level, c_points, propagated)
+            factors = None if factors is None else self.comm.gather(factors)
+            solve = functools.partial(self.coarse_solve, level, c_points, propagated, factors)
             solved = self.comm.solve_coarse(solve, u.shape[1], uend)
         else:
             c_points = torch.cat([u[0], uend.unsqueeze(0)])  # (n + 1, *S)
-            solved = self.coarse_solve(level, c_points, propagated)
+            solved = self.coarse_solve(level, c_points, propagated, factors)
         u[0] = solved[:-1]
         uend.copy_(solved[-1])
 
-    def coarse_solve(self, level: int, c_points: Tensor, propagated: Tensor) -> Tensor:
+    def coarse_solve(
+        self, level: int, c_points: Tensor, propagated: Tensor, factors: Optional[Tensor] = None
+    ) -> Tensor:
         """The FAS coarse problem of level ``level``'s C-points ``(n + 1, *S)``, solved by a
-        V-cycle on level ``level + 1``: the corrected C-points ``(n + 1, *S)``."""
+        V-cycle on level ``level + 1``: the corrected C-points ``(n + 1, *S)``. ``factors``
+        ``(n, *S)``: the finer level's chunk factors, for a coarse propagator that is rebuilt
+        from them (its ``refresh``)."""
+        if factors is not None:
+            self.ops[level + 1].refresh(factors, c_points, propagated)
         coarse, Mc, off = self.grids[level + 1], self.grids[level + 1].M, self.grids[level + 1].off
         n = c_points.shape[0] - 1
         v_flat = c_points.new_empty((Mc + 1, *c_points.shape[1:]))
@@ -241,6 +281,54 @@ def _residual_norm(propagated: Tensor, u: Tensor, uend: Tensor) -> float:
     return (propagated - chunk_ends(u, uend)).abs().max().item()
 
 
+Guard = Callable[[list[float]], Optional[str]]
+
+
+class ProgressGuard:
+    """A guard for :func:`solve` (the residual history after each relaxation goes in):
+
+    - ``"diverged"`` once ``patience`` relaxations in a row bring no residual below the
+      smallest so far (residuals at or below ``floor``, round-off, are not judged);
+    - ``"cost"`` (given ``spent``, a callable with the cost the solve has run up so far, and
+      ``alternative``, the cost of the other way to the answer) once the solve has spent the
+      alternative's cost, or once finishing is predicted to cost more than the alternative
+      from scratch: the last cycle's cost (the first relaxation's, before any cycle) times
+      the cycles still needed, at least one; that is ``log(tol / r) / log(rate)`` with the
+      last cycle's decay rate where the residual fell, else one (a residual that grew gives
+      no rate: patience judges it).
+    """
+
+    def __init__(
+        self,
+        tol: float,
+        patience: int,
+        spent: Optional[Callable[[], float]] = None,
+        alternative: Optional[float] = None,
+        floor: float = 0.0,
+    ) -> None:
+        self.tol, self.patience, self.floor = tol, patience, floor
+        self.spent, self.alternative = spent, alternative
+        self.costs: list[float] = []  # spent after each relaxation
+
+    def __call__(self, residuals: list[float]) -> Optional[str]:
+        best = min(range(len(residuals)), key=residuals.__getitem__)
+        if len(residuals) - 1 - best >= self.patience and residuals[-1] > self.floor:
+            return "diverged"
+        if self.spent is None or self.alternative is None:
+            return None
+        self.costs.append(self.spent())
+        if self.costs[-1] >= self.alternative:
+            return "cost"
+        cycle = self.costs[-1] - (self.costs[-2] if len(self.costs) > 1 else 0.0)
+        needed = 1
+        if len(residuals) > 1 and 0 < residuals[-1] < residuals[-2]:
+            rate = residuals[-1] / residuals[-2]
+            needed = max(
+                1, math.ceil(math.log(max(self.tol, 1e-300) / residuals[-1]) / math.log(rate))
+            )
+        return "cost" if needed * cycle > self.alternative else None
+
+
 def solve(
     grids: Sequence[Grid],
     ops: Sequence[Propagator],
@@ -254,6 +342,7 @@ def solve(
     work: Optional[Tensor] = None,
     comm: Optional[LocalComm] = None,
     early_exit: bool = False,
+    guard: Optional[Guard] = None,
 ) -> SolveResult:
     """Solve ``u_{k+1} = Phi_0(u_k; k) + g_k`` from ``u_0 = u0`` on the finest grid.
 
@@ -261,11 +350,12 @@ def solve(
         grids, ops: the hierarchy (finest first) and one propagator per level.
         u0: the initial state, shape ``S``.
         g: level-0 right-hand side in chunk layout ``(m, n, *S)``, or None for zero.
-        relax: ``"F"`` or ``"FCF"``.
+        relax: ``"F"``, ``"FCF"``, ``"FCFCF"``, ... (an F-relaxation, then C and F repeated).
         tol, scale: stop when the largest absolute residual divided by ``scale`` is
-            ``<= tol``; ``residuals`` are recorded divided by ``scale`` too.
+            ``<= tol``; ``residuals`` are recorded divided by ``scale`` too. ``tol=0`` with a
+            ``max_iters`` runs exactly that many cycles (a fixed budget).
         max_iters: cap on V-cycles.
-        early_exit: a level-0 F-relaxation that follows another (FCF's second; the final
+        early_exit: a level-0 F-relaxation that follows another (every F after a C; the final
             one after a coarse correction) stops once its states agree with the previous
             sweep's to ``tol * scale`` (see :meth:`_Solver.f_relax`): the chunks have
             forgotten the change of their C-points, and the rest of each chunk is kept. The
@@ -274,13 +364,14 @@ def solve(
             converged solve has every residual within ``tol``).
         work: optional ``(m, n, *S)`` tensor to hold the level-0 points (else allocated).
         comm: how this process's level-0 chunks meet the others' (default: it holds them all).
+        guard: called after each relaxation that has not met ``tol`` with the residual
+            history so far; a returned reason (``"diverged"``, ``"cost"``) abandons the solve.
+            Without a guard only a residual that is not finite does.
 
     Returns:
         :class:`SolveResult`. ``residuals`` holds the residual after each relaxation (one per
-        V-cycle, then one for the final F-relaxation). ``diverged`` is set, and the solve
-        abandoned, when a residual is not finite or exceeds the first one (the residual of
-        relaxation alone); the caller decides what follows. (Multilevel F-relaxation can grow
-        transiently and then converge; FCF is the robust choice.)
+        V-cycle, then one for the final F-relaxation). An abandoned solve (``stopped``
+        "diverged" or "cost") is returned as it stands; the caller decides what follows.
         With one grid the solve is the exact serial sweep and ``residuals`` is empty.
     """
     first = grids[0]
@@ -293,7 +384,6 @@ def solve(
         solver.exact(0, u, uend, g)
         return SolveResult(u, uend)
     result = SolveResult(u, uend, converged=False)
-    floor = 100.0 * torch.finfo(u0.dtype).eps
     scale = max(scale, torch.finfo(u0.dtype).tiny)
     exit_tol = tol * scale if early_exit else None
     for _ in range(max_iters + 1):
@@ -305,16 +395,18 @@ def solve(
         propagated = solver.propagate_last(0, u, g)
         res = _residual_norm(propagated, u, uend)
         res = comm.max(res if exited is None else max(res, exited)) / scale
-        history = result.residuals
-        # Diverged: worse than after the first relaxation alone, i.e. the coarse grid hurts.
-        grew = bool(history) and res > history[0] and res > max(floor, tol)
-        if not math.isfinite(res) or grew:
-            history.append(res)
-            result.diverged = True
+        result.residuals.append(res)
+        stop = None
+        if not math.isfinite(res):
+            stop = "diverged"
+        elif res > tol and not final and guard is not None:
+            stop = guard(result.residuals)
+        if stop is not None:
+            result.stopped = stop
             return result
-        history.append(res)
         if res <= tol or final:
             result.converged = res <= tol
+            result.stopped = None if result.converged else "cap"
             solver.set_c_points(0, u, uend, propagated)
             return result
         solver.coarse_correct(0, u, uend, propagated)

@@ -70,6 +70,7 @@ def step(
     dt: Optional[Tensor] = None,
     out: Optional[Tensor] = None,
     keep: Optional[Tensor] = None,
+    factor: Optional[Tensor] = None,
 ) -> Tensor:
     """One GRU step for a batch of states.
 
@@ -83,6 +84,8 @@ def step(
         out: optional output ``(..., H)``.
         keep: optional ``(..., 4H)`` (any strides) that receives the step's gates
             ``[r, z, n, gh_n]`` for :func:`linearise_kept`.
+        factor: optional ``(..., H)`` that receives the step's diagonal factor with the gates
+            frozen, ``1 - theta`` (``z`` for the classic step): ``h' = factor * h + theta n``.
     """
     H = h.shape[-1]
     flat = h.reshape(-1, H)
@@ -105,12 +108,16 @@ def step(
     if keep is not None:
         keep.copy_(gates.view(keep.shape))
     if cell == "classic" and dt is None:
+        if factor is not None:
+            factor.copy_(z)
         return torch.lerp(n, h, z, out=out)  # n + z (h - n) = h + (1 - z)(n - h)
     theta = torch.rsub(z, 1.0)
     if dt is not None:
         theta.mul_(dt)
     if cell == "implicit":
         theta = theta.div_(theta + 1.0)
+    if factor is not None:
+        torch.neg(theta, out=factor).add_(1.0)
     return torch.lerp(h, n, theta, out=out)
 
 

@@ -1,8 +1,11 @@
 """The GRU layer as MGRIT problems: the forward recurrence and its adjoint.
 
-Forward: level 0 steps with the model's own cell, padded with identity steps to whole chunks;
-coarse level l steps over ``m^l`` fine steps with the implicit cell, ``dt`` = the number of
-real fine steps it spans and input gates averaged over them (or injected). A layer's forward
+Forward: level 0 steps with the model's own cell, padded with identity steps to whole chunks.
+The coarse levels follow ``MGRIT(coarse=...)``: ``"implicit"``: level l steps over ``m^l`` fine
+steps with the implicit cell, ``dt`` = the number of real fine steps it spans and input gates
+averaged over them (or injected); ``"frozen"`` / ``"secant"``: the chunk maps of
+:mod:`mgrit_gru.core.coarse`, rebuilt from each sweep's gates (the forward step records its
+diagonal factor ``1 - theta`` per step for them). A layer's forward
 direction is padded at the end; its reverse direction (which runs from the last input to the
 first) at the front, so that the chunks of both directions meet at the same time points: the
 sequence start and every multiple of ``m^l`` (as time-parallel slices need).
@@ -10,24 +13,33 @@ sequence start and every multiple of ``m^l`` (as time-parallel slices need).
 Adjoint: ``lam_i = dL/du_i + J_i^T lam_{i+1}``, reversed in time, on the same points: its
 level l is the forward level l flipped, the identity padding then on the other side. Coarse
 adjoint steps are the VJPs of the coarse implicit steps, linearised at the forward state at
-their coarse point.
+their coarse point, or the frozen/secant maps of the adjoint's own steps (whose diagonal
+factor is the forward step's: ``D``).
+
+The serial solve (one grid) of a classic, unmasked forward over a small batch runs
+``torch.nn.GRU``'s own CPU loop (``torch._VF.gru``): per-step overhead dominates there, and
+its C++ loop has less of it than any Python loop.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import workspace
+from .. import cost, workspace
 from ..core import Grid, SolveResult, build_grids, chunk_view, flat_points, pad_steps, solve
-from ..options import MGRIT
+from ..core.coarse import DiagonalStep, SecantStep
+from ..core.cycle import ProgressGuard
+from ..options import MGRIT, Implicit, Secant
 from ..stats import SolveStats
 from . import cell as gru
+from .control import DivergenceError, DivergenceWarning, solve_guarded
+
+__all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_solve"]
 
 # Work buffers that the forward and the backward share (a layer's forward solve and a backward
 # never run inside one another): the forward's input gates and the adjoint's coefficients C
@@ -36,15 +48,15 @@ from . import cell as gru
 WIDE, CHUNKS = "gates 3H", "level-0 chunks"
 
 
-class DivergenceError(RuntimeError):
-    """Raised for a diverging MGRIT solve when ``MGRIT(on_divergence="raise")``."""
-
-
 class ForwardStep:
-    """Propagator of a forward level: GRU steps with gates ``(M, B, 3H)`` and sizes ``dt``."""
+    """Propagator of a forward level: GRU steps with gates ``(M, B, 3H)`` and sizes ``dt``.
+    ``factors`` ``(M, B, H)``: where each step leaves its diagonal factor, for
+    :meth:`chunk_factors`; ``meter``: a :class:`mgrit_gru.cost.Meter` the steps report to."""
 
-    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None, keep=None):
+    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None, keep=None, factors=None, meter=None):
         self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
+        self.factors = None if factors is None else chunk_view(factors, grid)
+        self.meter = meter
         # keep (M, B, 4H): where every step leaves its gates for the backward (level 0);
         # the cycle turns `recording` off for sweeps that a later one overwrites
         self.keep = None if keep is None else chunk_view(keep, grid)
@@ -65,26 +77,49 @@ class ForwardStep:
         keep = None
         if self.recording:
             keep = self.keep if j is None else self.keep[j]
-        res = gru.step(u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out, keep=keep)
+        factor = None
+        if self.factors is not None:
+            factor = self.factors if j is None else self.factors[j]
+        res = gru.step(
+            u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out, keep=keep, factor=factor
+        )
+        if self.meter is not None:
+            self.meter.add("step", u.numel() // u.shape[-1])
         if self.pad is not None:
             c, lo, hi = self.pad
             if j is None:
                 res[lo:hi, c].copy_(u[lo:hi, c])
             elif lo <= j < hi:
                 res[c].copy_(u[c])
+                if factor is not None:
+                    factor[c] = 1.0
         return res
+
+    def chunk_factors(self) -> Tensor:
+        """Per chunk ``(n, B, H)``: the product of its steps' factors along the last sweep."""
+        return self.factors.prod(0)
 
 
 class AdjointStep:
     """Propagator of an adjoint level: ``lam -> D * lam + (C * lam3) @ W_hh``."""
 
-    def __init__(self, grid, D, C, w_hh):
+    def __init__(self, grid, D, C, w_hh, meter=None):
         self.D, self.C, self.w_hh = chunk_view(D, grid), chunk_view(C, grid), w_hh
+        self.meter = meter
+        self._factors: Optional[Tensor] = None
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
+        if self.meter is not None:
+            self.meter.add("adjoint", u.numel() // u.shape[-1])
         if j is None:
             return gru.adjoint_step(u, self.D, self.C, self.w_hh, out)
         return gru.adjoint_step(u, self.D[j], self.C[j], self.w_hh, out)
+
+    def chunk_factors(self) -> Tensor:
+        """Per chunk ``(n, B, H)``: the product of ``D`` (the frozen-gate part of ``J^T``)."""
+        if self._factors is None:  # a linear recurrence: the same in every cycle
+            self._factors = self.D.prod(0)
+        return self._factors
 
 
 @dataclass
@@ -155,7 +190,7 @@ def coarsen(g_fine: Tensor, w_fine: Tensor, fine: Grid, options: MGRIT) -> tuple
     g = g_fine.view(fine.n, fine.m, *g_fine.shape[1:])
     w = w_fine.view(fine.n, fine.m, *w_fine.shape[1:])
     dt = w.sum(1)
-    if options.coarse_gates == "inject":  # a sequence's real steps are a prefix
+    if options.coarse.gates == "inject":  # a sequence's real steps are a prefix
         return g[:, 0].clone(), dt
     if w.dim() == 2:  # dt-weighted mean over the real fine steps: one batched GEMM
         avg = torch.bmm(w.unsqueeze(1), g.reshape(fine.n, fine.m, -1)).squeeze(1)
@@ -171,8 +206,11 @@ def build_hierarchy(
     """Coarse gates from the fine gates ``gx_pad`` ``(M_0, B, 3H)`` (zero past T) and the fine
     step sizes ``w0`` ``(M_0,)`` or ``(M_0, B)``. A coarse step's ``dt`` is the number of real
     fine steps it spans (per sequence, with a mask). ``gather`` joins the level-1 values of
-    all ranks when the fine level is spread over processes."""
+    all ranks when the fine level is spread over processes. Only the implicit coarse
+    correction reads these; the others get a hierarchy without them."""
     gates, dts = [None], [None]
+    if not isinstance(options.coarse, Implicit):
+        return Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
     g_fine, w_fine = gx_pad, w0
     for lvl, (fine, coarse) in enumerate(zip(grids[:-1], grids[1:])):
         gate, dt = coarsen(g_fine, w_fine, fine, options)
@@ -193,87 +231,6 @@ def _solve_on(comm, grids, ops, u0, g, work, **options):
         comm.send_next(result.uend)
         return result
     return solve(grids, ops, u0, g, work=work, comm=comm, **options)
-
-
-class DivergenceMemory:
-    """For ``on_divergence="backoff"``: per layer, direction and pass, how many coming calls
-    skip MGRIT. A divergence skips the next 1 call, a second one in a row the next 2, then 4,
-    ... up to MAX_SKIP; a converged MGRIT solve resets the count. Ranks of a time group see
-    the same divergences, so they keep the same memory."""
-
-    MAX_SKIP = 64
-
-    def __init__(self) -> None:
-        self._state: dict[tuple, list[int]] = {}  # key -> [calls left to skip, next skip]
-
-    def skip(self, key: tuple) -> bool:
-        state = self._state.get(key)
-        if state is None or state[0] == 0:
-            return False
-        state[0] -= 1
-        return True
-
-    def record(self, key: tuple, diverged: bool) -> None:
-        if not diverged:
-            self._state.pop(key, None)
-            return
-        state = self._state.setdefault(key, [0, 1])
-        state[0], state[1] = state[1], min(2 * state[1], self.MAX_SKIP)
-
-
-def _solve_guarded(pass_, options: MGRIT, run, grids: list[Grid], where, memory=None):
-    """``run(grids)``; if it diverges, warn (or raise) and run the serial grid instead. The
-    stats keep the diverged residual history and are marked ``fell_back``. With a
-    :class:`DivergenceMemory`, calls it says to skip run the serial grid directly."""
-    serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
-    key = (pass_, *where)
-    skipped = memory is not None and len(grids) > 1 and memory.skip(key)
-    if skipped:
-        grids, result, fell_back = serial, run(serial), True
-    else:
-        result, fell_back = run(grids), False
-        if memory is not None and len(grids) > 1:
-            memory.record(key, result.diverged)
-    if result.diverged:
-        _diverged(pass_, options, result)
-        diverged = result
-        grids = serial
-        result, fell_back = run(grids), True
-        result.residuals, result.iterations = diverged.residuals, diverged.iterations
-    layer, reverse = where
-    stats = SolveStats(
-        pass_=pass_,
-        layer=layer,
-        reverse=reverse,
-        steps=grids[0].N,
-        levels=len(grids),
-        iterations=result.iterations,
-        residuals=tuple(result.residuals),
-        converged=result.converged and not result.diverged,
-        fell_back=fell_back,
-        skipped=skipped,
-    )
-    return grids, result, stats
-
-
-class DivergenceWarning(UserWarning):
-    """An MGRIT solve diverged and its call fell back to the serial solve."""
-
-
-def _diverged(pass_: str, options: MGRIT, result: SolveResult) -> None:
-    if options.on_divergence == "raise":
-        history = [f"{r:.2e}" for r in result.residuals]
-        raise DivergenceError(
-            f"MGRIT {pass_} solve diverged (residuals {history}); use a smaller cfactor, "
-            "relax='FCF', or on_divergence='fallback'"
-        )
-    # A constant text, so that Python's default filter shows it once, not on every batch.
-    warnings.warn(
-        f"MGRIT {pass_} solve diverged; falling back to the exact serial solve for such calls "
-        "(residual histories and fell_back flags are in GRU.last_stats)",
-        DivergenceWarning,
-        stacklevel=4,
-    )
 
 
 def _grids(T_local: int, options: MGRIT, levels: int, front: bool, tg):
@@ -305,6 +262,79 @@ def _worth_keeping(grids: list[Grid], batch: int, steps: int) -> bool:
     return chunks * batch >= KEEP_MIN_ROWS
 
 
+# The serial forward runs torch.nn.GRU's own CPU loop where that is faster than the library's
+# step: below about FUSED_MAX = batch x hidden (per-step overhead dominates; torch's C++ loop
+# has less of it). Above it the library's step (fewer elementwise passes) wins. Measured on
+# the CPU with benchmarks/step_cost.py (one thread, H = 32-128).
+FUSED_MAX = 4096
+
+
+def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg) -> bool:
+    """Whether the serial forward of this layer can run torch's fused loop."""
+    return (
+        cell == "classic"
+        and mask is None
+        and tg is None
+        and x.device.type == "cpu"
+        and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
+        and (b_ih is None) == (b_hh is None)
+    )
+
+
+def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Tensor:
+    """All points ``(T + 1, B, H)`` of the serial forward by ``torch._VF.gru`` (the kernel of
+    ``torch.nn.GRU``), point 0 being h0."""
+    params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
+    points = x.new_empty((T + 1, B, H))
+    points[0] = h0
+    y, _ = torch._VF.gru(x, h0.unsqueeze(0), params, b_ih is not None, 1, 0.0, False, False, False)
+    points[1:] = y
+    return points
+
+
+def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, b_hn, meter) -> list:
+    """The propagators of the forward's coarse levels."""
+    grids = hier.grids
+    if isinstance(options.coarse, Implicit):
+        return [
+            ForwardStep(
+                g,
+                pad_steps(hier.gates[lvl], g),
+                w_hh,
+                b_hn,
+                "implicit",
+                pad_steps(hier.dts[lvl], g),
+                meter=meter,
+            )
+            for lvl, g in enumerate(grids)
+            if lvl > 0
+        ]
+    return _chunk_map_ops(grids, options)
+
+
+def _chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
+    """Frozen (or, on level 1, secant) chunk maps for every coarse level."""
+    ops = []
+    for lvl, g in enumerate(grids):
+        if lvl == 1 and isinstance(options.coarse, Secant):
+            ops.append(SecantStep(g, options.coarse.depth))
+        elif lvl > 0:
+            ops.append(DiagonalStep(g))
+    return ops
+
+
+def _guard(options: MGRIT, tol: float, meter: cost.Meter, serial: float, tg, dtype):
+    """The guard of one solve: none under a budget; the cost part only in one process (the
+    ranks of a time group must decide alike, and their meters count their own slices)."""
+    if options.budget is not None:
+        return None
+    floor = 100.0 * torch.finfo(dtype).eps  # residuals are absolute, or relative (adjoint)
+    if tg is not None or not options.guard.cost:
+        return ProgressGuard(tol, options.guard.patience, floor=floor)
+    return ProgressGuard(tol, options.guard.patience, lambda: meter.spent, serial, floor)
+
+
 def forward_solve(
     x: Tensor,
     h0: Tensor,
@@ -318,7 +348,7 @@ def forward_solve(
     mask: Optional[Tensor] = None,
     tg=None,
     keep: bool = False,
-    memory: Optional[DivergenceMemory] = None,
+    control=None,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
     """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
@@ -326,7 +356,8 @@ def forward_solve(
     padded at the front. With ``tg`` (a :class:`mgrit_gru.distributed.TimeContext`), x is
     this rank's time slice and the returned points are its slice's; a reverse direction
     passes the slices in reversed rank order. ``keep``: the fine steps of the last sweep
-    keep their gates for the backward (``hier.kept``).
+    keep their gates for the backward (``hier.kept``). ``control``: see
+    :func:`mgrit_gru.gru.control.solve_guarded`.
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
@@ -338,53 +369,82 @@ def forward_solve(
     M, off = grids[0].M, grids[0].off
     H = w_hh.shape[1]
     b_hn = None if b_hh is None else b_hh[2 * H :]
-    gx = workspace.buffer(WIDE, (M, B, w_ih.shape[0]), x)
-    gx[:off] = 0.0
-    input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
-    gx[off + T :] = 0.0
-    w0 = step_weights(grids[0], mask, gx)
-    gather = None if comm is None else comm.gather
-    hier = build_hierarchy(gx, grids, options, w0, gather, front)
-    kept = None
     steps = T if tg is None else tg.steps
+    fused = _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg)
+    meter = cost.Meter(H, x.device.type)
+    serial_cost = cost.serial_us("fused" if fused else "step", steps, B, H, x.device.type)
+    hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
+    state: dict = {}  # what the MGRIT grid needs, made on its first use
+
+    def gates() -> Tensor:
+        if "gx" not in state:
+            gx = workspace.buffer(WIDE, (M, B, w_ih.shape[0]), x)
+            gx[:off] = 0.0
+            input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
+            gx[off + T :] = 0.0
+            state["gx"] = gx
+        return state["gx"]
+
+    kept = None
     if keep and _worth_keeping(grids, B, steps):
-        kept = workspace.lease((M, B, gru.KEPT * H), gx)
-    coarse_ops = [
-        ForwardStep(
-            g, pad_steps(hier.gates[lvl], g), w_hh, b_hn, "implicit", pad_steps(hier.dts[lvl], g)
+        kept = workspace.lease((M, B, gru.KEPT * H), x)
+    if tg is not None and len(grids) > 1:  # every rank builds the hierarchy (a collective)
+        state["hier"] = build_hierarchy(
+            gates(), grids, options, step_weights(grids[0], mask, gates()), comm.gather, front
         )
-        for lvl, g in enumerate(grids)
-        if lvl > 0
-    ]
+        hier.gates, hier.dts = state["hier"].gates, state["hier"].dts
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
+        if len(grids) == 1 and fused:
+            meter.add("fused", B, T)
+            state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
+            return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
+        gx = gates()
         dt = None if mask is None else step_weights(fine, mask, gx)
         lo = off - fine.off
         wide = kept is not None and _worth_keeping(grids, B, steps)
         k = kept[lo : lo + fine.M] if wide else None
-        ops = [ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k)] + coarse_ops
+        coarse_ops = []
+        factors = None
+        if len(grids) > 1:
+            if "hier" not in state:
+                gather = None if comm is None else comm.gather
+                state["hier"] = build_hierarchy(
+                    gx, grids, options, step_weights(grids[0], mask, gx), gather, front
+                )
+            hier.gates, hier.dts = state["hier"].gates, state["hier"].dts
+            coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
+            if not isinstance(options.coarse, Implicit):
+                factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)
+        fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k, factors, meter)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
             grids,
-            ops,
+            [fine_op] + coarse_ops,
             h0,
             None,
             work,
             relax=options.relax,
-            tol=options.tol,
-            max_iters=options.max_iters,
+            tol=options.fwd_tol,
+            max_iters=options.fwd_max_iters,
             early_exit=options.early_exit,
+            guard=_guard(options, options.fwd_tol, meter, serial_cost, tg, x.dtype),
         )
 
-    grids, result, stats = _solve_guarded("forward", options, run, grids, where, memory)
+    grids, result, stats = solve_guarded(
+        "forward", options, run, grids, where, control, lambda: meter.spent, serial_cost
+    )
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
         hier.kept = kept[off : off + T]
-        if not _worth_keeping(grids, B, steps):
+        if not _worth_keeping(grids, B, steps) or (len(grids) == 1 and fused):
             hier.release_kept()
     off = grids[0].off
-    points = flat_points(result.u, result.uend)[off : off + T + 1]
+    if len(grids) == 1 and fused:
+        points = state["points"]
+    else:
+        points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
         hier.c_points = torch.cat([comm.gather(result.u[0]), comm.last(result.uend)[None]])
     return points, hier, stats
@@ -504,7 +564,7 @@ def adjoint_solve(
     where=(0, False),
     mask: Optional[Tensor] = None,
     tg=None,
-    memory: Optional[DivergenceMemory] = None,
+    control=None,
 ) -> Adjoint:
     """Solve the adjoint of one layer.
 
@@ -515,8 +575,10 @@ def adjoint_solve(
             own time order.
         tg: time-parallel context (then all of these are this rank's slice; d_last counts only
             on the rank that holds the direction's last point).
+        control: see :func:`mgrit_gru.gru.control.solve_guarded`.
     """
     T, B = x.shape[:2]
+    H = w_hh.shape[1]
     reverse = where[1]
     comm = None if tg is None else tg.comm(reverse=not reverse)
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
@@ -533,29 +595,26 @@ def adjoint_solve(
     scale = max(-low.item(), high.item(), f_T.abs().max().item())
     if comm is not None:
         scale = comm.max(scale)
-    coarse_ops = []
-    b_hn = None if b_hh is None else b_hh[2 * w_hh.shape[1] :]
-    for lvl in range(1, len(mgrit_grids)):
-        lin = gru.linearise(
-            hier.coarse_points(points, lvl, options.cfactor),
-            hier.gates[lvl],
-            w_hh,
-            b_hn,
-            "implicit",
-            column(hier.dts[lvl]),
-        )
-        grid = mgrit_grids[lvl]
-        coarse_ops.append(
-            AdjointStep(
-                grid, pad_steps(lin.D.flip(0), grid, 1.0), pad_steps(lin.C.flip(0), grid), w_hh
-            )
-        )
+    steps = T if tg is None else tg.steps
+    meter = cost.Meter(H, x.device.type)
+    serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
+    state: dict = {}
+
+    def coarse_ops(grids: list[Grid]) -> list:
+        if "ops" not in state:
+            if isinstance(options.coarse, Implicit):
+                state["ops"] = _coarse_adjoint_ops(
+                    hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, options, meter
+                )
+            else:
+                state["ops"] = _chunk_map_ops(mgrit_grids, options)
+        return state["ops"][: len(grids) - 1]
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
-        ops = [AdjointStep(fine, D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M], w_hh)]
-        ops += coarse_ops[: len(grids) - 1]
+        fine_op = AdjointStep(fine, D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M], w_hh, meter)
+        ops = [fine_op] + (coarse_ops(grids) if len(grids) > 1 else [])
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *f_T.shape), f_T)
         g0 = chunk_view(g_rev[lo : lo + fine.M], fine)
@@ -568,17 +627,55 @@ def adjoint_solve(
             u0,
             g0,
             work,
-            relax=options.relax,
+            relax=options.bwd_relax,
             tol=options.bwd_tol,
             max_iters=options.bwd_max_iters,
             scale=scale,
             early_exit=options.early_exit,
+            guard=_guard(options, options.bwd_tol, meter, serial_cost, tg, x.dtype),
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
     grids = mgrit_grids if math.isfinite(scale) else [Grid(N=T, m=T, n=1)]
-    grids, result, stats = _solve_guarded("backward", options, run, grids, where, memory)
+    grids, result, stats = solve_guarded(
+        "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
+    )
     Mg, off_g = grids[0].M, grids[0].off
     lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
     return Adjoint(lam_rev, C_rev[off : off + T], A_n, stats)
+
+
+def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, options, meter):
+    """The adjoint's implicit coarse levels: VJPs of the forward's coarse implicit steps,
+    linearised at the forward states of their coarse points (the coarse gates are made here
+    if the forward ran serially and never built them)."""
+    H = w_hh.shape[1]
+    b_hn = None if b_hh is None else b_hh[2 * H :]
+    if len(hier.grids) > 1 and hier.gates[1] is None:
+        fwd = hier.grids[0]
+        gx = x.new_zeros((fwd.M, *x.shape[1:-1], w_ih.shape[0]))
+        input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[fwd.off : fwd.off + x.shape[0]])
+        built = build_hierarchy(gx, hier.grids, options, step_weights(fwd, mask, gx))
+        hier.gates, hier.dts = built.gates, built.dts
+    ops = []
+    for lvl in range(1, len(grids)):
+        lin = gru.linearise(
+            hier.coarse_points(points, lvl, options.cfactor),
+            hier.gates[lvl],
+            w_hh,
+            b_hn,
+            "implicit",
+            column(hier.dts[lvl]),
+        )
+        grid = grids[lvl]
+        ops.append(
+            AdjointStep(
+                grid,
+                pad_steps(lin.D.flip(0), grid, 1.0),
+                pad_steps(lin.C.flip(0), grid),
+                w_hh,
+                meter,
+            )
+        )
+    return ops
