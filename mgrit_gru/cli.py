@@ -10,14 +10,17 @@ import torch
 import torch.distributed
 
 from . import bench
-from .app.config import TrainConfig, add_config_arguments, given_overrides
+from .app.config import TrainConfig, add_config_arguments, given_overrides, with_recipe
 from .app.datasets import DatasetError
+from .app.speed import speed_line
 
 
 def _train(args: argparse.Namespace) -> None:
     from .app import report, train
 
     overrides = given_overrides(args)
+    if not args.resume:
+        overrides = with_recipe(overrides)
     if args.resume:
         run = Path(args.resume)
         if args.out and Path(args.out) != run:
@@ -29,19 +32,29 @@ def _train(args: argparse.Namespace) -> None:
     history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
     if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
         return  # rank 0 writes the report
+    speed = None
+    if cfg.time_parallel == 1 and not args.no_speed_check:
+        speed = train.measure_speed(cfg, run)
+        train.write_json(run / "speed.json", speed)
     data_line = history and train.load_data(cfg).describe()
-    path = report.write_run_report(run, cfg, history, data_line)
+    path = report.write_run_report(run, cfg, history, data_line, speed)
+    if speed is not None:
+        print(speed_line(speed))
     print(f"report: {path}")
 
 
 def _compare(args: argparse.Namespace) -> None:
     from .app import report, train
 
-    overrides = given_overrides(args)
-    overrides.pop("solver", None)
-    base = TrainConfig(**overrides)
+    overrides = with_recipe(given_overrides(args))
+    own = overrides.pop("solver", "auto")  # the solver under comparison
+    if own in ("serial", "torch"):
+        raise ValueError("compare: --solver names the solver to compare: auto or mgrit")
+    if overrides.get("budget_forward") is not None:
+        own = "mgrit"  # a budget is MGRIT's
+    base = TrainConfig(**overrides, solver=own)
     out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
-    solvers = ["serial", "mgrit"] + (["torch"] if args.with_torch else [])
+    solvers = ["serial", own] + (["torch"] if args.with_torch else [])
     dataset = train.load_data(base).describe()
     if not args.seeds:
         path = report.write_compare_report(out, _compare_runs(base, out, solvers, args), dataset)
@@ -112,10 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
         _train,
     )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR exactly")
+    p.add_argument(
+        "--no-speed-check",
+        action="store_true",
+        help="skip the closing comparison of the training step against torch.nn.GRU and the "
+        "serial solver (same batches, final weights)",
+    )
     p = _training_parser(
         sub,
         "compare",
-        "the same training with serial and MGRIT, one report",
+        "the same training with the serial solver and --solver (auto or mgrit), one report",
         "folder for the runs and the report",
         _compare,
     )

@@ -15,16 +15,18 @@ as ``H^1.75`` over H = 32-128 on the CPU (the GEMMs' H^2 dominate at larger H). 
 - ``"adjoint"``: one step of the adjoint recurrence.
 
 Calibrated with ``python benchmarks/step_cost.py`` (one thread, fp32, this project's 2-core
-CPU, 2026-12-03). The CUDA row is an estimate (no GPU was measured): a step there is launch
-latency, about 10 us per kernel and 6-8 kernels, almost free of its rows.
+CPU, 2026-12-03; each kind timed as the solves run it, loop and bookkeeping included; "fused"
+fitted over batches 1-64, where the serial forward uses it). The CUDA row is an estimate (no
+GPU was measured): a step there is launch latency, about 5-10 us per kernel and 6-10 kernels,
+almost free of its rows; ``benchmarks/gpu_check.sh`` prints a measured row.
 """
 
 from __future__ import annotations
 
 # device kind -> step kind -> (o in us, c in us per row at H = 64)
 CALIBRATION = {
-    "cpu": {"step": (28.0, 0.36), "fused": (9.0, 0.7), "adjoint": (10.0, 0.30)},
-    "cuda": {"step": (80.0, 0.0005), "fused": (60.0, 0.0005), "adjoint": (40.0, 0.0004)},
+    "cpu": {"step": (32.0, 0.40), "fused": (12.0, 0.60), "adjoint": (7.0, 0.50)},
+    "cuda": {"step": (70.0, 0.003), "fused": (15.0, 0.003), "adjoint": (30.0, 0.003)},
 }
 H_EXPONENT = 1.75
 

@@ -173,22 +173,7 @@ class GRU(nn.Module):
         """A ``torch.nn.GRU`` with these weights (same device and dtype); classic cell only."""
         if self.cell != "classic":
             raise ValueError("GRU.to_torch: torch.nn.GRU has no implicit cell")
-        weight = self.weight_ih_l0
-        with warnings.catch_warnings():  # torch's own dropout warning was given already
-            warnings.simplefilter("ignore", UserWarning)
-            module = nn.GRU(
-                self.input_size,
-                self.hidden_size,
-                self.num_layers,
-                self.bias,
-                self.batch_first,
-                self.dropout,
-                self.bidirectional,
-                device=weight.device,
-                dtype=weight.dtype,
-            )
-        module.load_state_dict(self.state_dict())
-        return module
+        return _copy_as(nn.GRU, self)
 
     def reset_parameters(self) -> None:
         """``torch.nn.GRU``'s initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
@@ -205,24 +190,7 @@ class GRU(nn.Module):
             raise TypeError(f"GRU.from_torch: expected a torch.nn.GRU, got {type(module).__name__}")
         if getattr(module, "proj_size", 0):
             raise ValueError("GRU.from_torch: proj_size is not supported")
-        weight = module.weight_ih_l0
-        with warnings.catch_warnings():  # torch.nn.GRU warned about its dropout already
-            warnings.simplefilter("ignore", UserWarning)
-            new = cls(
-                module.input_size,
-                module.hidden_size,
-                module.num_layers,
-                module.bias,
-                module.batch_first,
-                module.dropout,
-                module.bidirectional,
-                device=weight.device,
-                dtype=weight.dtype,
-                solver=solver,
-                cell=cell,
-            )
-        new.load_state_dict(module.state_dict())
-        return new
+        return _copy_as(cls, module, solver=solver, cell=cell)
 
     def extra_repr(self) -> str:
         text = f"{self.input_size}, {self.hidden_size}"
@@ -437,6 +405,20 @@ class GRU(nn.Module):
                 weights = self._weights(layer, direction)
                 w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
+                if _unrolled(solver, tg):
+                    y, h_last = unrolled_layer(
+                        flip(layer_in),
+                        hx[layer * directions + direction],
+                        (w_ih, w_hh, b_ih, b_hh),
+                        self.cell,
+                        solver,
+                        record,
+                        (layer, bool(direction)),
+                        None if mask is None else flip(mask),
+                    )
+                    outs.append(flip(y))
+                    h_n.append(h_last)
+                    continue
                 y, h_last = gru_layer(
                     flip(layer_in),
                     hx[layer * directions + direction],
@@ -464,6 +446,53 @@ class GRU(nn.Module):
 
 
 HALF = (torch.float16, torch.bfloat16)
+
+
+def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
+    """A ``kind`` (torch.nn.GRU or GRU) with ``module``'s architecture, device, dtype and
+    weights. The original warned about its dropout already: the copy is made quietly."""
+    weight = module.weight_ih_l0
+    arch = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        new = kind(
+            *(getattr(module, name) for name in arch),
+            module.bidirectional,
+            device=weight.device,
+            dtype=weight.dtype,
+            **extra,
+        )
+    new.load_state_dict(module.state_dict())
+    return new
+
+
+def _unrolled(solver: MGRIT, tg) -> bool:
+    """Whether this call differentiates through a budget's cycles."""
+    budget = solver.budget
+    if budget is None or budget.gradient != "unrolled" or not torch.is_grad_enabled():
+        return False
+    if tg is not None:
+        raise ValueError(
+            "GRU: Budget(gradient='unrolled') runs in one process; with time_group= use "
+            "gradient='adjoint'"
+        )
+    return not solver.is_serial
+
+
+def unrolled_layer(x, h0, weights, cell, solver, record, where, mask):
+    """One layer and direction by :func:`mgrit_gru.gru.unrolled.layer` (autograd records the
+    cycles); its stats go into ``record``."""
+    from .gru import unrolled
+    from .stats import SolveStats
+
+    y, h_n, residuals, levels = unrolled.layer(x, h0, *weights, cell, solver, where[1], mask)
+    record.forward.append(
+        SolveStats(
+            "forward", *where, x.shape[0], levels, solver.budget.forward, tuple(residuals),
+            False, False,
+        )
+    )  # fmt: skip
+    return y, h_n
 
 
 def _all_finite(t: Tensor) -> bool:

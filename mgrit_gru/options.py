@@ -111,7 +111,7 @@ class Guard:
             solve then runs: MGRIT pays or stops early.
     """
 
-    patience: int = 2
+    patience: int = 4
     cost: bool = True
 
     def __post_init__(self) -> None:
@@ -200,7 +200,7 @@ class MGRIT:
     cfactor: Union[int, Literal["auto"]] = "auto"
     levels: Union[int, Literal["auto"]] = "auto"
     relax: str = "FCF"
-    coarse: Union[str, Coarse] = "implicit"
+    coarse: Union[str, Coarse] = "secant"
     tol: float = 1e-5
     max_iters: int = 10
     backward_tol: Optional[float] = None
@@ -372,19 +372,23 @@ MIN_CFACTOR, MAX_CFACTOR = 32, 512
 def auto_cfactor(
     steps: int, batch: int, hidden: int, device: str = "cpu", options: Optional[MGRIT] = None
 ) -> int:
-    """The chunk length m for ``cfactor="auto"``: the power of two nearest to
+    """The chunk length m for ``cfactor="auto"``: the power of two at or below
     ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows`` the step overhead in rows of
-    :func:`mgrit_gru.cost.overhead_rows`, or without early exit to ``steps * batch /
-    (ROWS_PER_STEP[device] * 64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]."""
+    :func:`mgrit_gru.cost.overhead_rows`, or without early exit nearest to ``steps * batch /
+    (ROWS_PER_STEP[device] * 64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]. Rounding
+    down: a trained network needs cycles, each a full sweep of its chunks, which the random-
+    init model behind the square root does not count; the trained-model benchmark favoured
+    the shorter of the two neighbours (README, "Trained networks")."""
     early_exit = True if options is None else options.early_exit
     kind = str(device).split(":")[0]
     if kind not in ROWS_PER_STEP:
         kind = "cpu"
     if early_exit:
         ideal = math.sqrt(EXIT_STEPS * steps * batch / cost.overhead_rows(hidden, device))
+        m = 2 ** math.floor(math.log2(max(ideal, 1.0)))
     else:
         ideal = steps * batch / (ROWS_PER_STEP[kind] * 64 / max(hidden, 1))
-    m = 2 ** round(math.log2(max(ideal, 1.0)))
+        m = 2 ** round(math.log2(max(ideal, 1.0)))
     return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 
 

@@ -72,3 +72,30 @@ def tight(**kw):
     base = dict(tol=1e-13, max_iters=400, guard=mgrit_gru.Guard(patience=400, cost=False))
     base.update(kw)
     return mgrit_gru.MGRIT(**base)
+
+
+# A training run small enough for the app's tests: 48 sequences of 40 steps, 3 batches, with
+# MGRIT on every call (the automatic choice would solve such short sequences serially).
+APP_SMALL = dict(
+    solver="mgrit",
+    dataset="adding",
+    length=40,
+    max_train=48,
+    max_test=24,
+    hidden=8,
+    batch_size=16,
+    epochs=2,
+    cfactor=4,
+    threads=1,
+)
+
+
+def flags(cfg: dict) -> list[str]:
+    """A config dict as command-line flags."""
+    return [x for k, v in cfg.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+
+
+@pytest.fixture
+def f32():
+    """The training application trains in float32."""
+    torch.set_default_dtype(torch.float32)

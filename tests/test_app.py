@@ -7,24 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import APP_SMALL, flags
 
 from mgrit_gru.app import datasets
 from mgrit_gru.app.config import TrainConfig
 from mgrit_gru.app.train import RunError, evaluate_run, load_checkpoint, train
 from mgrit_gru.cli import main
 
-SMALL = dict(
-    dataset="adding",
-    length=40,
-    max_train=48,
-    max_test=24,
-    hidden=8,
-    batch_size=16,
-    epochs=2,
-    cfactor=4,
-    threads=1,
-    dropout=0.0,
-)
+SMALL = {**APP_SMALL, "dropout": 0.0}
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +172,7 @@ def test_missing_package_names_the_install():
 def test_train_writes_metrics_checkpoint_report(tmp_path):
     cfg = TrainConfig(**SMALL)
     run = tmp_path / "run"
-    assert main(["train", *_flags(SMALL), "--out", str(run), "--no-progress"]) == 0
+    assert main(["train", *flags(SMALL), "--out", str(run), "--no-progress"]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2]
     for key in ("train_loss", "test_acc", "train_time_s", "fwd_iters_mean", "bwd_residual_max"):
@@ -194,13 +184,6 @@ def test_train_writes_metrics_checkpoint_report(tmp_path):
     for png in ("loss.png", "accuracy.png", "residuals.png"):
         assert (run / png).stat().st_size > 1000 and f"({png})" in report
     assert not list(run.glob("*.tmp"))
-
-
-def _flags(cfg: dict) -> list[str]:
-    out = []
-    for k, v in cfg.items():
-        out += [f"--{k.replace('_', '-')}", str(v)]
-    return out
 
 
 def test_resume_equals_uninterrupted(tmp_path):
@@ -235,9 +218,7 @@ def test_resume_refuses_corrupted_or_mismatched(tmp_path, capsys):
 
 def test_eval_and_compare(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert (
-        main(["compare", *_flags(SMALL), "--out", str(out), "--with-torch", "--no-progress"]) == 0
-    )
+    assert main(["compare", *flags(SMALL), "--out", str(out), "--with-torch", "--no-progress"]) == 0
     report = (out / "report.md").read_text()
     for solver in ("serial", "mgrit", "torch"):
         assert f"| {solver} |" in report and (out / solver / "checkpoint.pt").exists()
@@ -261,7 +242,7 @@ def test_eval_and_compare(tmp_path, capsys):
     [
         (["train", "--dataset", "nope"], "unknown dataset 'nope'"),
         (["train", "--dataset", "npz:/no/such.npz"], "no such file"),
-        (["train", *_flags({**SMALL, "batch_size": 1000})], "--batch-size 1000 is larger than"),
+        (["train", *flags({**SMALL, "batch_size": 1000})], "--batch-size 1000 is larger than"),
         (["train", "--hidden", "0"], "--hidden must be a positive integer"),
         (["train", "--cfactor", "1"], "invalid cfactor=1"),
         (["train", "--cfactor", "auto", "--time-parallel", "2"], "needs an integer --cfactor"),
@@ -300,7 +281,7 @@ def test_train_with_cfactor_auto(tmp_path):
 
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
-    args = parser.parse_args([*_flags({**SMALL, "epochs": 1}), "--cfactor", "auto"])
+    args = parser.parse_args([*flags({**SMALL, "epochs": 1}), "--cfactor", "auto"])
     cfg = TrainConfig(**given_overrides(args))
     assert cfg.cfactor == "auto" and cfg.mgrit_options().cfactor == "auto"
     rows = train(cfg, tmp_path / "run", progress=False, log=lambda *a: None)
@@ -346,7 +327,7 @@ def test_resume_a_run_from_before_a_config_field_existed(tmp_path):
 def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
     out = tmp_path / "seeds"
     small = {k: v for k, v in SMALL.items() if k != "seed"}
-    argv = ["compare", *_flags({**small, "epochs": 1}), "--out", str(out), "--no-progress"]
+    argv = ["compare", *flags({**small, "epochs": 1}), "--out", str(out), "--no-progress"]
     assert main([*argv, "--seeds", "3", "4"]) == 0
     report = (out / "report.md").read_text()
     finals = {}
@@ -363,7 +344,7 @@ def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
             f"| {seed} | {finals[seed, 'serial']:.1f} | {finals[seed, 'mgrit']:.1f} | {gap:+.1f} |"
             in report
         )
-    assert "MGRIT minus serial:" in report and "standard error" in report
+    assert "mgrit minus serial:" in report and "standard error" in report
     assert main([*argv, "--seeds", "3", "3"]) == 2
     assert "repeated seed" in capsys.readouterr().err
     assert main([*argv, "--seeds", "5", "--seed", "1"]) == 2

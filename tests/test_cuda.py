@@ -32,3 +32,33 @@ def test_cuda_packed_and_float32_default_solver():
         _, hn_ref = ref(packed)
     assert (hn - hn_ref).abs().max() < 1e-4
     assert torch.all(y[17:, 2] == 0)
+
+
+@pytest.mark.parametrize("coarse", ["implicit", "frozen", "secant"])
+@pytest.mark.parametrize("relax", ["FCF", "FCFCF"])
+def test_cuda_every_coarse_correction_float64(coarse, relax):
+    ref = make_ref(3, 6, zbias=3.0).cuda()
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=16, coarse=coarse, relax=relax))
+    x, h0 = torch.randn(1459, 2, 3, device="cuda"), torch.randn(1, 2, 6, device="cuda")
+    assert max(max_errors(ref, ours, x, h0)) < 1e-8
+
+
+def test_cuda_auto_budget_double_backward_and_inference_mode():
+    ref = make_ref(3, 8, dtype=torch.float32).cuda()
+    x = torch.randn(3000, 2, 3, device="cuda", dtype=torch.float32, requires_grad=True)
+    auto = mgrit_gru.GRU.from_torch(ref)
+    with torch.inference_mode():
+        auto(x.detach())
+    y, h = auto(x)
+    (y.sum() + h.sum()).backward()
+    with torch.no_grad():
+        assert (y - ref(x)[0]).abs().max() < 1e-4
+    budget = mgrit_gru.MGRIT(cfactor=4, levels=3, budget=mgrit_gru.Budget(2, 1))
+    y_b, _ = mgrit_gru.GRU.from_torch(ref, solver=budget)(x)
+    y_b.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    small = mgrit_gru.GRU.from_torch(make_ref(3, 5).cuda(), solver="serial")
+    xs = torch.randn(20, 2, 3, device="cuda", requires_grad=True)
+    (gx,) = torch.autograd.grad(small(xs)[0].sum(), xs, create_graph=True)
+    (gx**2).sum().backward()
+    assert small.weight_hh_l0.grad is not None

@@ -12,38 +12,18 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import make_ref, tight
+from conftest import APP_SMALL, flags, make_ref, tight
 
 import mgrit_gru
 from mgrit_gru.app.config import TrainConfig
 from mgrit_gru.app.train import load_checkpoint, train
 from mgrit_gru.cli import build_parser, main
 
-SMALL = dict(
-    dataset="adding",
-    length=40,
-    max_train=48,
-    max_test=24,
-    hidden=8,
-    batch_size=16,
-    epochs=2,
-    cfactor=4,
-    threads=1,
-)
-
-
-def _flags(cfg: dict) -> list[str]:
-    return [x for k, v in cfg.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+SMALL = APP_SMALL
 
 
 def _quiet(*args, **kwargs):
     pass
-
-
-@pytest.fixture
-def f32():
-    """The training application trains in float32."""
-    torch.set_default_dtype(torch.float32)
 
 
 # -- wrong results ---------------------------------------------------------------------------
@@ -135,7 +115,7 @@ def test_work_buffers_stay_per_thread():
 
 def test_report_keeps_the_value_of_small_numbers(f32, tmp_path):
     cfg = TrainConfig(**{**SMALL, "epochs": 1})
-    assert main(["train", *_flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]) == 0
+    assert main(["train", *flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]) == 0
     report = (tmp_path / "r" / "report.md").read_text()
     assert f"| tol | {cfg.tol!r} |" in report and "| tol | 0.0000 |" not in report
 
@@ -194,7 +174,7 @@ def test_npz_empty_splits_and_unseen_labels(tmp_path, arrays, match):
 
 def test_out_naming_an_existing_file(f32, tmp_path, capsys):
     (tmp_path / "f").write_text("x")
-    err = _one_line_error(["train", *_flags(SMALL), "--out", str(tmp_path / "f")], capsys)
+    err = _one_line_error(["train", *flags(SMALL), "--out", str(tmp_path / "f")], capsys)
     assert "a file of that name exists" in err
 
 
@@ -207,7 +187,7 @@ def test_checkpoint_of_random_bytes(f32, tmp_path, capsys):
 
 
 def test_divergence_raise_is_one_line(f32, tmp_path, capsys):
-    argv = [*_flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r"), "--no-progress"]
+    argv = [*flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r"), "--no-progress"]
     # an expanding network: this learning rate blows the weights up within the first steps
     argv += ["--solver", "mgrit", "--no-cost-guard", "--on-divergence", "raise"]
     argv += ["--lr", "50", "--clip", "0"]
@@ -274,7 +254,7 @@ def test_ctrl_c_saves_the_position_and_resume_is_exact(f32, tmp_path, monkeypatc
 
     monkeypatch.setattr(torch.optim.Adam, "step", step)
     run = tmp_path / "b"
-    assert main(["train", *_flags(cfg), "--out", str(run), "--no-progress"]) == 130
+    assert main(["train", *flags(cfg), "--out", str(run), "--no-progress"]) == 130
     notice, err = capsys.readouterr().err.strip().splitlines()
     assert notice.startswith("Ctrl-C: stopping after this training step")
     assert "after 2 of 3 training steps" in err and f"--resume {run}" in err

@@ -112,9 +112,12 @@ def test_time_parallel_refuses_packed_input_before_any_exchange():
 
 
 def test_auto_cfactor_follows_the_cost_model():
+    from mgrit_gru import cost
     from mgrit_gru.options import auto_cfactor
 
-    # CPU, early exit: m ~ sqrt(28 T B (H/64)^1.5 / 120), chunks of 32 to 512 steps
+    # CPU, early exit: the power of two at or below sqrt(28 T B / rows), rows = o / c of the
+    # cost model (80 at H=64), chunks of 32 to 512 steps
+    assert cost.overhead_rows(64) == pytest.approx(80.0)
     assert [auto_cfactor(T, 4, 64) for T in (100, 1024, 4096, 16384, 65536)] == [
         32,
         32,
@@ -122,13 +125,14 @@ def test_auto_cfactor_follows_the_cost_model():
         128,
         256,
     ]
+    assert auto_cfactor(784, 32, 64) == 64 and auto_cfactor(1460, 10, 64) == 64  # smnist, ACSF1
     assert auto_cfactor(16384, 4, 256) == 256 and auto_cfactor(16384, 16, 64) == 256
     assert auto_cfactor(10**7, 64, 64) == 512
     assert auto_cfactor(65536, 4, 64, "cuda:0") == 32
     # without early exit: about 1024 rows (of H=64) per batched step
-    old = [auto_cfactor(T, 4, 64, early_exit=False) for T in (4096, 16384, 65536)]
-    assert old == [32, 64, 256]
-    assert MGRIT(cfactor="auto", early_exit=False).resolve(16384, 4, 64).cfactor == 64
+    no_exit = MGRIT(cfactor="auto", early_exit=False)
+    assert [auto_cfactor(T, 4, 64, options=no_exit) for T in (4096, 16384, 65536)] == [32, 64, 256]
+    assert no_exit.resolve(16384, 4, 64).cfactor == 64
     opts = MGRIT(cfactor="auto", tol=1e-7)
     resolved = opts.resolve(16384, 4, 64, "cpu")
     assert resolved == MGRIT(cfactor=128, tol=1e-7)

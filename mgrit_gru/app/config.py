@@ -35,6 +35,38 @@ def _opt(default: Any, helptext: str, *choices: str) -> Any:
 # Fields that do not change what a run computes: a resumed run may give them anew.
 NOT_TRAINING = ("threads", "timeout")
 
+# --recipe presets: option values under the ones given on the command line.
+RECIPES = {
+    # Moon & Cyr 2022 (TorchBraid): the implicit GRU, 3 levels, coarsening 4, 2 forward FCF
+    # cycles and 1 adjoint cycle with F-relaxation, no fallback; coarse steps inject the
+    # gates at their interval's start, as in their code.
+    "torchbraid": dict(
+        solver="mgrit",
+        cell="implicit",
+        levels=3,
+        cfactor=4,
+        relax="FCF",
+        coarse="implicit",
+        coarse_gates="inject",
+        budget_forward=2,
+        budget_backward=1,
+        budget_backward_relax="F",
+    ),
+    # The same budget with this library's defaults: classic cell, cfactor auto, secant
+    # coarse correction, every level's relaxation FCF.
+    "budget": dict(solver="mgrit", budget_forward=2, budget_backward=1),
+}
+
+
+def with_recipe(overrides: dict) -> dict:
+    """The options of ``overrides["recipe"]`` (if any) under those given explicitly."""
+    recipe = overrides.get("recipe")
+    if recipe is None:
+        return overrides
+    if recipe not in RECIPES:
+        raise ValueError(f"--recipe: invalid value {recipe!r}; choose one of {', '.join(RECIPES)}")
+    return {**RECIPES[recipe], **overrides}
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -42,6 +74,12 @@ class TrainConfig:
     every checkpoint; a resumed run must match it (but for :data:`NOT_TRAINING`)."""
 
     dataset: str = _opt("smnist", "dataset: a built-in name or npz:PATH to your own arrays")
+    recipe: Optional[str] = _opt(
+        None,
+        "a preset whose options apply under the ones given: torchbraid (the paper's "
+        "fixed-budget training: implicit cell, 3 levels, cfactor 4, 2 forward / 1 adjoint "
+        "cycles) or budget (the same budget with this library's defaults)",
+    )
     length: Optional[int] = _opt(
         None,
         "sequence length T of the synthetic tasks adding and recall "
@@ -93,7 +131,7 @@ class TrainConfig:
         "FCF", f"MGRIT relaxation: F followed by CF repeated ({', '.join(RELAX_CHOICES)}, ...)"
     )
     coarse: str = _opt(
-        "implicit",
+        "secant",
         "MGRIT's coarse correction: implicit GRU steps, frozen-gate chunk maps, or those with "
         "a multisecant correction",
         *COARSE_CHOICES,
@@ -113,7 +151,7 @@ class TrainConfig:
         *COARSE_GATES_CHOICES,
     )
     patience: int = _opt(
-        2, "MGRIT cycles without a new smallest residual before a solve counts as diverged"
+        4, "MGRIT cycles without a new smallest residual before a solve counts as diverged"
     )
     cost_guard: bool = _opt(
         True,
@@ -207,6 +245,10 @@ class TrainConfig:
                     f"--{_flag(f.name)}: invalid value {getattr(self, f.name)!r}; choose one of "
                     f"{', '.join(legal)}"
                 )
+        if self.recipe is not None and self.recipe not in RECIPES:
+            raise ValueError(
+                f"--recipe: invalid value {self.recipe!r}; choose one of {', '.join(RECIPES)}"
+            )
         if (self.budget_forward is None) != (self.budget_backward is None):
             raise ValueError("--budget-forward and --budget-backward go together")
         if self.budget is not None and self.solver not in ("mgrit", "serial", "torch"):

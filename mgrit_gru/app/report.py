@@ -107,7 +107,9 @@ def _fmt(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: str) -> Path:
+def write_run_report(
+    run: Path, cfg: TrainConfig, history: list[dict], dataset: str, speed: dict | None = None
+) -> Path:
     epochs = [r["epoch"] for r in history]
     plots = {
         name: _curves(
@@ -124,33 +126,53 @@ def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: 
             ("accuracy", "acc", "accuracy"),
         )
     }
+    mgrit = cfg.solver in ("mgrit", "auto")
     residuals = plot_residuals(
         run / "residuals.png",
         history,
-        cfg.tol if cfg.solver == "mgrit" else None,
-        cfg.backward_tol if cfg.solver == "mgrit" else None,
+        cfg.tol if mgrit and cfg.budget is None else None,
+        cfg.backward_tol if mgrit and cfg.budget is None else None,
     )
     last = history[-1]
+    serial = "test_acc_serial" in last
+    budget = cfg.budget
     lines = [
-        f"# Training run: {cfg.dataset}, solver {cfg.solver}",
+        f"# Training run: {cfg.dataset}, solver {cfg.solver}"
+        + (f", budget {budget.forward}/{budget.backward} cycles" if budget else ""),
         "",
         dataset,
         "",
-        f"Final (epoch {last['epoch']}): test accuracy **{last['test_acc']:.4f}**, test loss "
-        f"{last['test_loss']:.4f}, train accuracy {last['train_acc']:.4f}; "
+        f"Final (epoch {last['epoch']}): test accuracy **{last['test_acc']:.4f}**"
+        + (
+            f" with the budget it trained with, **{last['test_acc_serial']:.4f}** with the same "
+            "weights solved exactly (serial)"
+            if serial
+            else ""
+        )
+        + f", test loss {last['test_loss']:.4f}, train accuracy {last['train_acc']:.4f}; "
         f"{statistics.mean(r['train_time_s'] for r in history):.1f} s per training epoch.",
         "",
-        "| epoch | train loss | train acc | test loss | test acc | train s | seq/s | fwd it | "
-        "bwd it | fwd res max | bwd res max | fallbacks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| epoch | train loss | train acc | test loss | test acc | "
+        + ("test acc serial | " if serial else "")
+        + "train s | seq/s | fwd it | bwd it | fwd res max | bwd res max | fallbacks | "
+        "MGRIT share fwd/bwd |",
+        "|---" * (13 + serial) + "|",
     ]
     for r in history:
+        share = "-"
+        if "mgrit_share_fwd" in r and mgrit:
+            share = f"{100 * r['mgrit_share_fwd']:.0f}% / {100 * r['mgrit_share_bwd']:.0f}%"
         lines.append(
             f"| {r['epoch']} | {r['train_loss']:.4f} | {r['train_acc']:.4f} | "
-            f"{r['test_loss']:.4f} | {r['test_acc']:.4f} | {r['train_time_s']:.1f} | "
+            f"{r['test_loss']:.4f} | {r['test_acc']:.4f} | "
+            + (f"{r.get('test_acc_serial', float('nan')):.4f} | " if serial else "")
+            + f"{r['train_time_s']:.1f} | "
             f"{r['seq_per_s']:.0f} | {r['fwd_iters_mean']:.2f} | {r['bwd_iters_mean']:.2f} | "
-            f"{r['fwd_residual_max']:.1e} | {r['bwd_residual_max']:.1e} | {r['fallbacks']} |"
+            f"{r['fwd_residual_max']:.1e} | {r['bwd_residual_max']:.1e} | {r['fallbacks']} | "
+            f"{share} |"
         )
+    if speed is not None:
+        lines += ["", "## Speed", "", speed_text(speed)]
     lines += ["", f"![loss]({plots['loss']})", "", f"![accuracy]({plots['accuracy']})", ""]
     if residuals:
         lines += [f"![residuals]({residuals})", ""]
@@ -161,17 +183,44 @@ def write_run_report(run: Path, cfg: TrainConfig, history: list[dict], dataset: 
     return path
 
 
+def speed_text(speed: dict) -> str:
+    """The speed check as a sentence and a table (report.md)."""
+    ms, own = speed["step_ms"], speed["solver"]
+    names = {"torch": "torch.nn.GRU", "serial": "serial solver", "mgrit": "MGRIT", "auto": "auto"}
+    rows = [f"| {names.get(n, n)} | {t:.1f} | {t / ms[own]:.2f}x |" for n, t in ms.items()]
+    text = (
+        f"One training step (forward and backward of the loss) on the first {speed['batches']} "
+        f"training batches with the final weights, each solver timed interleaved, "
+        f"{speed['repeats']} repeats, {speed['threads']} threads (median). Speed-up of this "
+        f"run's solver ({own}) over each:\n\n| solver | ms per step | speed-up of {own} |\n"
+        "|---|---|---|\n" + "\n".join(rows)
+    )
+    if speed.get("mgrit_share") is not None:
+        text += f"\n\nMGRIT gave {100 * speed['mgrit_share']:.0f}% of the solves in these steps."
+    return text
+
+
+def candidate(solvers) -> str:
+    """The solver a comparison is about: the one that is neither serial nor torch."""
+    return next((s for s in solvers if s not in ("serial", "torch")), "serial")
+
+
+def _total(history: list[dict]) -> float:
+    return sum(r["train_time_s"] for r in history)
+
+
 def write_compare_report(
     out: Path, runs: dict[str, tuple[TrainConfig, list[dict]]], dataset: str
 ) -> Path:
-    """One report for runs that differ only in the solver: curves on the same axes."""
+    """One report for runs that differ only in the solver: curves on the same axes, times
+    per run and per epoch against serial (and torch.nn.GRU), the share of MGRIT solves."""
 
     def series(key):
         return {
             solver: {
                 "x": [r["epoch"] for r in h],
                 "y": [r[key] for r in h],
-                "color": COLORS.get(solver),
+                "color": COLORS.get(solver, COLORS["mgrit"]),
             }
             for solver, (_, h) in runs.items()
         }
@@ -182,35 +231,61 @@ def write_compare_report(
             out / "compare_train_loss.png", "training loss", "cross-entropy", series("train_loss")
         ),
     ]
-    times = {s: statistics.mean(r["train_time_s"] for r in h) for s, (_, h) in runs.items()}
-    base = times.get("serial")
+    totals = {s: _total(h) for s, (_, h) in runs.items()}
+    own = candidate(runs)
     cfg = next(iter(runs.values()))[0]
     lines = [
         f"# Solver comparison on {cfg.dataset}",
         "",
         dataset,
         "",
-        "Same model, initial weights, data order and seed; only the GRU solver differs.",
+        "Same model, initial weights, data order and seed; only the GRU solver differs. Times "
+        "are the training epochs' (evaluation aside); a speed-up is the other's time over "
+        f"{own}'s.",
         "",
-        "| solver | final test acc | best test acc | final train loss | s / epoch (train) | "
-        "speed-up vs serial | mean fwd it | mean bwd it | fallbacks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| solver | final test acc | best test acc | final train loss | train s (total) | "
+        f"{own}'s speed-up over it | mean fwd it | mean bwd it | fallbacks | MGRIT share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for solver, (_, h) in runs.items():
-        speed = f"{base / times[solver]:.2f}x" if base else "-"
+        share = "-"
+        if solver not in ("serial", "torch") and h and "mgrit_share_fwd" in h[0]:
+            share = f"{100 * statistics.mean(r['mgrit_share_fwd'] for r in h):.0f}% fwd, "
+            share += f"{100 * statistics.mean(r['mgrit_share_bwd'] for r in h):.0f}% bwd"
         lines.append(
             f"| {solver} | {h[-1]['test_acc']:.4f} | {max(r['test_acc'] for r in h):.4f} | "
-            f"{h[-1]['train_loss']:.4f} | {times[solver]:.1f} | {speed} | "
+            f"{h[-1]['train_loss']:.4f} | {totals[solver]:.1f} | "
+            f"{totals[solver] / totals[own]:.2f}x | "
             f"{statistics.mean(r['fwd_iters_mean'] for r in h):.2f} | "
             f"{statistics.mean(r['bwd_iters_mean'] for r in h):.2f} | "
-            f"{sum(r['fallbacks'] for r in h)} |"
+            f"{sum(r['fallbacks'] for r in h)} | {share} |"
         )
-    if "mgrit" in runs and "serial" in runs:
-        gap = runs["mgrit"][1][-1]["test_acc"] - runs["serial"][1][-1]["test_acc"]
+    if own != "serial" and "serial" in runs:
+        gap = runs[own][1][-1]["test_acc"] - runs["serial"][1][-1]["test_acc"]
         lines += [
             "",
-            f"Final test accuracy, MGRIT minus serial: {100 * gap:+.2f} percentage points.",
+            f"Final test accuracy, {own} minus serial: {100 * gap:+.2f} percentage points.",
+            "",
+            f"Per epoch ({own} against the others; speed-up = their epoch time over {own}'s):",
+            "",
+            "| epoch | "
+            + " | ".join(f"{s} s" for s in runs)
+            + " | speed-up over serial | "
+            + ("speed-up over torch | " if "torch" in runs else "")
+            + "MGRIT share fwd / bwd | mean fwd / bwd cycles |",
+            "|---" * (len(runs) + 4 + ("torch" in runs)) + "|",
         ]
+        for i, row in enumerate(runs[own][1]):
+            t = {s: h[i]["train_time_s"] for s, (_, h) in runs.items() if i < len(h)}
+            lines.append(
+                f"| {row['epoch']} | "
+                + " | ".join(f"{t[s]:.1f}" for s in runs if s in t)
+                + f" | {t['serial'] / t[own]:.2f}x | "
+                + (f"{t['torch'] / t[own]:.2f}x | " if "torch" in t else "")
+                + f"{100 * row.get('mgrit_share_fwd', 0):.0f}% / "
+                f"{100 * row.get('mgrit_share_bwd', 0):.0f}% | "
+                f"{row['fwd_iters_mean']:.1f} / {row['bwd_iters_mean']:.1f} |"
+            )
     lines += [""] + [f"![{p}]({p})" for p in plots]
     lines += ["", "Per-solver runs: " + ", ".join(f"[{s}]({s}/report.md)" for s in runs), ""]
     lines += ["## Config (solver aside)", "", "| option | value |", "|---|---|"]
@@ -230,62 +305,74 @@ def _spread(values: list[float], signed: bool = False) -> str:
 def write_seeds_report(
     out: Path, per_seed: dict[int, dict[str, tuple[TrainConfig, list[dict]]]], dataset: str
 ) -> Path:
-    """The same comparison repeated over seeds: per seed the final test accuracies, the MGRIT
-    minus serial gap and the time per epoch; then mean ± sample standard deviation."""
+    """The same comparison repeated over seeds: per seed the final test accuracies, the gap
+    to serial, the total training time against serial and torch.nn.GRU and the slowest epoch
+    against serial; then mean ± sample standard deviation."""
     seeds = list(per_seed)
     solvers = list(next(iter(per_seed.values())))
+    own = candidate(solvers)
     cfg = next(iter(per_seed.values()))["serial"][0]
 
     def final_acc(seed, solver):
         return 100 * per_seed[seed][solver][1][-1]["test_acc"]
 
-    def epoch_s(seed, solver):
-        return statistics.mean(r["train_time_s"] for r in per_seed[seed][solver][1])
+    def total(seed, solver):
+        return _total(per_seed[seed][solver][1])
 
+    def worst_epoch(seed):
+        pairs = zip(per_seed[seed]["serial"][1], per_seed[seed][own][1])
+        return min(s["train_time_s"] / o["train_time_s"] for s, o in pairs)
+
+    with_torch = "torch" in solvers
     lines = [
         f"# Solver comparison on {cfg.dataset} over {len(seeds)} seeds",
         "",
         dataset,
         "",
         "Per seed: same model, initial weights and data order for every solver; the seed "
-        "changes all of them. Accuracies in percent; gaps in percentage points.",
+        "changes all of them. Accuracies in percent; gaps in percentage points; times are the "
+        f"training epochs' sums; a speed-up is the other's time over {own}'s.",
         "",
         "| seed | "
         + " | ".join(f"{s} final test acc" for s in solvers)
-        + " | MGRIT - serial | "
-        + " | ".join(f"{s} s / epoch" for s in solvers)
-        + " | MGRIT speed-up vs serial |",
-        "|---" * (2 * len(solvers) + 3) + "|",
+        + f" | {own} - serial | "
+        + " | ".join(f"{s} train s" for s in solvers)
+        + " | speed-up over serial | slowest epoch vs serial |"
+        + (" speed-up over torch |" if with_torch else ""),
+        "|---" * (2 * len(solvers) + 4 + with_torch) + "|",
     ]
-    gaps, speedups = [], []
+    gaps, speedups, worst, over_torch = [], [], [], []
     for seed in seeds:
-        gap = final_acc(seed, "mgrit") - final_acc(seed, "serial")
-        speed = epoch_s(seed, "serial") / epoch_s(seed, "mgrit")
+        gap = final_acc(seed, own) - final_acc(seed, "serial")
+        speed = total(seed, "serial") / total(seed, own)
         gaps.append(gap)
         speedups.append(speed)
+        worst.append(worst_epoch(seed))
+        if with_torch:
+            over_torch.append(total(seed, "torch") / total(seed, own))
         lines.append(
             f"| {seed} | "
             + " | ".join(f"{final_acc(seed, s):.1f}" for s in solvers)
             + f" | {gap:+.1f} | "
-            + " | ".join(f"{epoch_s(seed, s):.1f}" for s in solvers)
-            + f" | {speed:.2f}x |"
+            + " | ".join(f"{total(seed, s):.1f}" for s in solvers)
+            + f" | {speed:.2f}x | {worst[-1]:.2f}x |"
+            + (f" {over_torch[-1]:.2f}x |" if with_torch else "")
         )
     n = len(seeds)
-    lines += [
-        "",
-        f"Over the {n} seeds (mean ± sample standard deviation):",
-        "",
-    ]
+    lines += ["", f"Over the {n} seeds (mean ± sample standard deviation):", ""]
     for s in solvers:
         lines.append(f"- {s}: final test accuracy {_spread([final_acc(k, s) for k in seeds])} %")
-    lines.append(f"- MGRIT minus serial: {_spread(gaps, True)} percentage points")
-    if "torch" in solvers:
+    lines.append(f"- {own} minus serial: {_spread(gaps, True)} percentage points")
+    if with_torch:
         exact = [final_acc(k, "serial") - final_acc(k, "torch") for k in seeds]
         lines.append(
             f"- serial minus torch.nn.GRU (two exact solvers): {_spread(exact, True)} "
             "percentage points"
         )
-    lines.append(f"- MGRIT's time per epoch against serial: {_spread(speedups)}x")
+    lines.append(f"- {own}'s speed-up over serial (total training time): {_spread(speedups)}x")
+    lines.append(f"- slowest epoch of {own} against serial's: {_spread(worst)}x")
+    if with_torch:
+        lines.append(f"- {own}'s speed-up over torch.nn.GRU: {_spread(over_torch)}x")
     if n > 1:
         sem = statistics.stdev(gaps) / n**0.5
         lines += [

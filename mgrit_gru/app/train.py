@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..module import GRU
+from ..options import MGRIT
 from .config import NOT_TRAINING, TrainConfig, parse_device, same_device
 from .datasets import SYNTHETIC, Dataset, load
 
@@ -204,6 +205,12 @@ def evaluate(model: Classifier, x, y, lengths, batch_size: int, device) -> tuple
         total_loss += F.cross_entropy(logits, target, reduction="sum").item()
         correct += int((logits.argmax(1) == target).sum())
     return total_loss / len(y), correct / len(y)
+
+
+def evaluate_serially(model: Classifier, data, cfg: TrainConfig, device) -> tuple[float, float]:
+    """:func:`evaluate` with the model's GRU solved exactly (its own solver untouched)."""
+    with model.rnn.using(MGRIT.serial()):
+        return evaluate(model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device)
 
 
 # -- run folder -----------------------------------------------------------------------------
@@ -539,7 +546,7 @@ def _train_epoch(
             "acc": f"{correct / seen:.3f}",
             "seq/s": f"{seen / elapsed:.0f}",
         }
-        if solver.batches:
+        if solver.batches and cfg.solver != "serial":
             stats = model.rnn.last_stats
             postfix["fwd"] = f"{stats.forward_iterations}it {stats.forward_residual:.0e}"
             postfix["bwd"] = f"{stats.backward_iterations}it {stats.backward_residual:.0e}"
@@ -552,6 +559,10 @@ def _train_epoch(
     test_loss, test_acc = evaluate(
         model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device
     )
+    serial_eval = {}
+    if cfg.budget is not None and cfg.eval_serial:  # the same weights, solved exactly
+        loss_s, acc_s = evaluate_serially(model, data, cfg, device)
+        serial_eval = {"test_loss_serial": loss_s, "test_acc_serial": acc_s}
     row = {
         "epoch": epoch + 1,
         "train_loss": total_loss / seen,
@@ -561,11 +572,14 @@ def _train_epoch(
         "train_time_s": train_time,
         "eval_time_s": time.perf_counter() - eval_start,
         "seq_per_s": seen / train_time,
+        **serial_eval,
         **solver.as_dict(),
     }
     log(
         f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f} | "
-        f"test loss {test_loss:.4f} acc {test_acc:.3f} | {train_time:.1f} s"
+        f"test loss {test_loss:.4f} acc {test_acc:.3f}"
+        + (f" (serial: acc {row['test_acc_serial']:.3f})" if serial_eval else "")
+        + f" | {train_time:.1f} s"
         + (
             f" | fwd it {row['fwd_iters_mean']:.1f} bwd it {row['bwd_iters_mean']:.1f}"
             if solver.batches
@@ -573,6 +587,22 @@ def _train_epoch(
         )
     )
     return row
+
+
+def measure_speed(cfg: TrainConfig, run: Path) -> dict:
+    """:func:`mgrit_gru.app.speed.speed_check` on the run's final model (rebuilt from its
+    checkpoint, with what its solver has learnt)."""
+    from .speed import speed_check
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    state = load_checkpoint(run)
+    data = load_data(cfg)
+    model = Classifier(cfg, data.features, data.num_classes).to(_device(cfg))
+    model.load_state_dict(state["model"])
+    if isinstance(model.rnn, GRU):
+        model.rnn.load_solver_state(state.get("solver_state", {}))
+    return speed_check(cfg, model, data)
 
 
 def evaluate_run(run: Path, dataset: Optional[str] = None, log=print) -> dict:
@@ -613,5 +643,13 @@ def evaluate_run(run: Path, dataset: Optional[str] = None, log=print) -> dict:
         "test_acc": acc,
         "time_s": time.perf_counter() - start,
     }
-    log(f"{run} (epoch {state['epoch']}) on {cfg.dataset} test: loss {loss:.4f} acc {acc:.3f}")
+    text = f"{run} (epoch {state['epoch']}) on {cfg.dataset} test: loss {loss:.4f} acc {acc:.3f}"
+    if cfg.budget is not None:  # the model is its solver; the exact solve beside it
+        loss_s, acc_s = evaluate_serially(model, data, cfg, device)
+        result.update(test_loss_serial=loss_s, test_acc_serial=acc_s)
+        text += (
+            f" with its budget ({cfg.budget.forward} forward / {cfg.budget.backward} adjoint "
+            f"cycles); solved exactly: loss {loss_s:.4f} acc {acc_s:.3f}"
+        )
+    log(text)
     return result

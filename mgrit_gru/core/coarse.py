@@ -63,11 +63,11 @@ class SecantStep(DiagonalStep):
 
         v -> a * v + W^T (dU dU^T + eps)^{-1} dU v
 
-    which maps every ``dU_i`` onto ``dP_i`` exactly. ``eps`` (relative to the Gram matrix's
-    trace) keeps the solve finite where a difference vanishes (the first chunk's start never
-    moves; there the map stays the diagonal one)."""
-
-    EPS = 1e-10
+    which maps every ``dU_i`` onto ``dP_i`` (up to ``eps``). The pairs are scaled to unit
+    ``dU_i`` and solved in float64; ``eps`` (a hundredth of the square root of the states'
+    dtype resolution) keeps the solve well posed where differences are (nearly) parallel; a
+    difference that vanishes (the first chunk's start never moves) adds nothing, and where a
+    solve still fails the map stays the diagonal one."""
 
     def __init__(self, grid: Grid, depth: int) -> None:
         super().__init__(grid)
@@ -84,16 +84,21 @@ class SecantStep(DiagonalStep):
         if len(self.history) < 2:
             return
         U, P = self.history[-1]
-        dU = torch.stack([U - u for u, _ in self.history[:-1]], dim=-2)  # (N, *R, q, H)
-        dP = torch.stack([P - p for _, p in self.history[:-1]], dim=-2)
-        a = factors.unsqueeze(-2)
-        W = dP - a * dU
-        gram = dU @ dU.transpose(-1, -2)  # (N, *R, q, q)
-        q = gram.shape[-1]
-        ridge = self.EPS * gram.diagonal(dim1=-2, dim2=-1).sum(-1) + torch.finfo(gram.dtype).tiny
-        eye = torch.eye(q, dtype=gram.dtype, device=gram.device)
-        proj = torch.linalg.solve(gram + ridge[..., None, None] * eye, dU)  # (N, *R, q, H)
-        self.coupling = (self._steps(W), self._steps(proj))
+        wide = torch.float64  # the differences shrink with the residual: solve in float64
+        dU = torch.stack([U.to(wide) - u.to(wide) for u, _ in self.history[:-1]], dim=-2)
+        dP = torch.stack([P.to(wide) - p.to(wide) for _, p in self.history[:-1]], dim=-2)
+        # Each pair scaled to a unit dU: the same map, with coefficients of order one (the
+        # projector of tiny differences would otherwise overflow the states' dtype).
+        norm = dU.norm(dim=-1, keepdim=True)
+        norm = torch.where(norm > 0, norm, torch.ones_like(norm))
+        dU, dP = dU / norm, dP / norm
+        W = dP - factors.to(wide).unsqueeze(-2) * dU
+        gram = dU @ dU.transpose(-1, -2)  # (N, *R, q, q), unit diagonal where dU != 0
+        eye = torch.eye(gram.shape[-1], dtype=wide, device=gram.device)
+        ridge = 0.01 * torch.finfo(U.dtype).eps ** 0.5  # near-parallel pairs stay solvable
+        proj, info = torch.linalg.solve_ex(gram + ridge * eye, dU)  # (N, *R, q, H)
+        proj = torch.where((info == 0)[..., None, None], proj, torch.zeros_like(proj))
+        self.coupling = (self._steps(W.to(U.dtype)), self._steps(proj.to(U.dtype)))
 
     def _steps(self, per_chunk: Tensor) -> Tensor:
         """Per finer chunk ``(N, ...)`` -> this level's chunk layout, zero in the padding."""

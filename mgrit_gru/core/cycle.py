@@ -51,6 +51,35 @@ class Propagator(Protocol):
         ...
 
 
+# The lagged exit decision of f_relax, forced on for every device (tests exercise it on CPU).
+LAGGED_EXIT = False
+
+
+class _Lagged:
+    """An early-exit comparison read without waiting for it: ``push`` starts copying a device
+    scalar to the host; ``agreed`` says whether the last one pushed has arrived and was
+    within the threshold (False while it is still on its way)."""
+
+    def __init__(self) -> None:
+        self.value: Optional[Tensor] = None
+        self.event = None
+
+    def push(self, change: Tensor) -> None:
+        if change.is_cuda:
+            if self.value is None:
+                self.value = torch.empty((), dtype=change.dtype, pin_memory=True)
+            self.value.copy_(change, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.value = change
+
+    def agreed(self, tol: float) -> bool:
+        if self.value is None or (self.event is not None and not self.event.query()):
+            return False
+        return float(self.value) <= tol
+
+
 class LocalComm:
     """How level-0 chunks meet when one process holds them all: they don't need to.
 
@@ -138,17 +167,31 @@ class _Solver:
         early: every :data:`EXIT_EVERY` steps it compares the new states with the stored
         ones and, once they differ by at most ``exit_tol`` everywhere, keeps the stored rest
         of every chunk. The trajectory then has one residual per chunk, at that step, of at
-        most the returned difference; ``None``: the sweep ran to the end (no residual)."""
+        most the returned difference; ``None``: the sweep ran to the end (no residual).
+
+        On CUDA (one process) a comparison is not waited for: its value is copied to the host
+        in the background and the decision reads the previous comparison's, if it has
+        arrived (:class:`_Lagged`), so the stream never stalls; the exit then comes one
+        comparison later, and the difference at the step where it comes is returned as it
+        is, still on the device (the caller reads it with the C-point residuals)."""
         op = self.ops[level]
         recording = getattr(op, "recording", None)
         if provisional and recording:
             op.recording = False
+        lagged = _Lagged() if (LAGGED_EXIT or u.is_cuda) and type(self.comm) is LocalComm else None
         try:
             for j in range(self.grids[level].m - 1):
                 if exit_tol is not None and j % EXIT_EVERY == EXIT_EVERY - 1:
                     new = op(u[j], j, out=self._scratch(u))
                     if g is not None:
                         new.add_(g[j])
+                    if lagged is not None:
+                        change = (new - u[j + 1]).abs().max()
+                        if lagged.agreed(exit_tol):
+                            return change
+                        lagged.push(change)
+                        u[j + 1].copy_(new)
+                        continue
                     # one decision for all ranks, as one process holding all chunks would
                     change = self.comm.max((new - u[j + 1]).abs().max().item())
                     if change <= exit_tol:
@@ -215,7 +258,7 @@ class _Solver:
                     level, u, g, provisional=not last and exit_tol is None, exit_tol=exit_tol
                 )
             )
-        exits = [e for e in exits if e is not None]
+        exits = [float(e) for e in exits if e is not None]  # a lagged exit's is on the device
         return max(exits) if exits else None
 
     # -- the cycle ------------------------------------------------------------------------
@@ -394,7 +437,7 @@ def solve(
             exited = solver.smooth(0, u, uend, g, exit_tol, stored=result.iterations > 0)
         propagated = solver.propagate_last(0, u, g)
         res = _residual_norm(propagated, u, uend)
-        res = comm.max(res if exited is None else max(res, exited)) / scale
+        res = comm.max(res if exited is None else max(res, float(exited))) / scale
         result.residuals.append(res)
         stop = None
         if not math.isfinite(res):

@@ -49,6 +49,7 @@ class DivergenceMemory:
     the same divergences, so they keep the same memory."""
 
     MAX_SKIP = 64
+    skip_is_fallback = True  # a skipped call falls back after divergences
 
     def __init__(self) -> None:
         self._state: dict[tuple, list[int]] = {}  # key -> [calls left to skip, next skip]
@@ -84,8 +85,14 @@ def _key(text: str) -> tuple:
 class AutoChoice:
     """The state of ``solver="auto"``: per layer, direction and pass, MGRIT while a call of
     it costs no more than the serial solve (the modelled cost of everything it ran, a
-    fallback included), else serial for the next 1, 2, 4, ... ``max_wait`` calls, then
-    MGRIT is tried again. The waits double while MGRIT keeps losing and reset when it wins."""
+    fallback included), else serial for the next FIRST_WAIT, 2 FIRST_WAIT, ... ``max_wait``
+    calls, then MGRIT is tried again. The waits double while MGRIT keeps losing and reset
+    when it wins. A try that loses costs about one relaxation on top of the serial solve
+    (the cost guard stops it there), so waits that start at 4 and grow keep the trying
+    cheap once a network has become hard, while an easy phase is found within a few calls."""
+
+    skip_is_fallback = False  # serial is a choice here, not a fallback
+    FIRST_WAIT = 4
 
     def __init__(self, max_wait: int = 64) -> None:
         self.max_wait = max_wait
@@ -95,7 +102,7 @@ class AutoChoice:
 
     def _entry(self, key: tuple) -> dict:
         return self._state.setdefault(
-            key, {"wait": 0, "next": 1, "ratio": None, "mgrit": 0, "calls": 0}
+            key, {"wait": 0, "next": self.FIRST_WAIT, "ratio": None, "mgrit": 0, "calls": 0}
         )
 
     def skip(self, key: tuple) -> Optional[str]:
@@ -113,9 +120,9 @@ class AutoChoice:
         entry["ratio"] = outcome.spent / max(outcome.serial, 1e-9)
         if outcome.stopped is None and outcome.spent <= outcome.serial:
             entry["mgrit"] += 1
-            entry["next"] = 1
+            entry["next"] = min(self.FIRST_WAIT, self.max_wait)
         else:
-            entry["wait"] = entry["next"]
+            entry["wait"] = min(entry["next"], self.max_wait)
             entry["next"] = min(2 * entry["next"], self.max_wait)
 
     def share(self) -> tuple[int, int]:
@@ -154,12 +161,13 @@ def solve_guarded(
     fell_back = False
     if not mgrit or reason is not None:
         grids, result = serial, run(serial)
-        fell_back = reason is not None
+        fell_back = reason is not None and control.skip_is_fallback
         tried = None
     else:
         result = run(grids)
         tried = result
-        if _falls_back(pass_, options, result):
+        quiet = isinstance(control, AutoChoice)  # choosing is its job: nothing to tell
+        if _falls_back(pass_, options, result, quiet):
             grids, result, fell_back = serial, run(serial), True
             result.residuals, result.iterations = tried.residuals, tried.iterations
     if control is not None and mgrit:
@@ -186,8 +194,9 @@ def solve_guarded(
     return grids, result, stats
 
 
-def _falls_back(pass_: str, options: MGRIT, result: SolveResult) -> bool:
-    """Whether this MGRIT result gives way to the serial solve (after a warning, or raises)."""
+def _falls_back(pass_: str, options: MGRIT, result: SolveResult, quiet: bool = False) -> bool:
+    """Whether this MGRIT result gives way to the serial solve (after a warning unless
+    ``quiet``, or raises)."""
     history = ", ".join(f"{r:.2e}" for r in result.residuals)
     if options.budget is not None:
         if result.stopped == "diverged":  # not finite: no budget makes that an answer
@@ -206,6 +215,8 @@ def _falls_back(pass_: str, options: MGRIT, result: SolveResult) -> bool:
                 f"MGRIT {pass_} solve diverged (residuals {history}); {_advice(options)}, "
                 "or on_divergence='fallback'"
             )
+        if quiet:
+            return True
         # A constant text, so that Python's default filter shows it once, not on every batch.
         warnings.warn(
             f"MGRIT {pass_} solve diverged; falling back to the exact serial solve for such "
@@ -215,6 +226,8 @@ def _falls_back(pass_: str, options: MGRIT, result: SolveResult) -> bool:
         )
         return True
     # "cap": max_iters cycles without reaching the tolerance
+    if quiet:
+        return options.on_unconverged != "warn"
     if options.on_unconverged == "raise":
         raise DivergenceError(
             f"MGRIT {pass_} solve did not reach tol within max_iters={result.iterations} "

@@ -12,6 +12,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import cell as gru
+
+
+def step(h: Tensor, gx: Tensor, w_hh: Tensor, b_hn, cell: str, dt) -> tuple[Tensor, Tensor]:
+    """One GRU step out of place (the math of :func:`mgrit_gru.gru.cell.step`; ``gx`` with
+    the folded bias of :func:`~mgrit_gru.gru.cell.fold_bias`) and its diagonal factor
+    ``1 - theta`` (the frozen-gate chunk maps are products of these)."""
+    H = h.shape[-1]
+    gh = h @ w_hh.t()
+    r = torch.sigmoid(gx[..., :H] + gh[..., :H])
+    z = torch.sigmoid(gx[..., H : 2 * H] + gh[..., H : 2 * H])
+    ghn = gh[..., 2 * H :] if b_hn is None else gh[..., 2 * H :] + b_hn
+    n = torch.tanh(gx[..., 2 * H :] + r * ghn)
+    w = 1 - z if dt is None else (1 - z) * dt
+    theta = w if cell == "classic" else w / (1 + w)
+    return h + theta * (n - h), 1 - theta
+
 
 def layer(
     x: Tensor,
@@ -27,20 +44,13 @@ def layer(
     ``(B, H)``; ``mask`` ``(T, B)``: 0 past a sequence's length (the state then stays)."""
     H = w_hh.shape[1]
     gx = x @ w_ih.t()
-    if b_ih is not None:
-        gx = gx + b_ih
+    bias = gru.fold_bias(b_ih, b_hh, H)
+    if bias is not None:
+        gx = gx + bias
+    b_hn = None if b_hh is None else b_hh[2 * H :]
     h, out = h0, []
     for t in range(x.shape[0]):
-        gh = h @ w_hh.t()
-        if b_hh is not None:
-            gh = gh + b_hh
-        r = torch.sigmoid(gx[t, :, :H] + gh[:, :H])
-        z = torch.sigmoid(gx[t, :, H : 2 * H] + gh[:, H : 2 * H])
-        n = torch.tanh(gx[t, :, 2 * H :] + r * gh[:, 2 * H :])
-        w = 1 - z
-        if mask is not None:
-            w = w * mask[t].unsqueeze(-1)
-        theta = w if cell == "classic" else w / (1 + w)
-        h = h + theta * (n - h)
+        dt = None if mask is None else mask[t].unsqueeze(-1)
+        h, _ = step(h, gx[t], w_hh, b_hn, cell, dt)
         out.append(h)
     return torch.stack(out), h

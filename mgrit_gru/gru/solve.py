@@ -270,15 +270,15 @@ FUSED_MAX = 4096
 
 
 def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg) -> bool:
-    """Whether the serial forward of this layer can run torch's fused loop."""
-    return (
-        cell == "classic"
-        and mask is None
-        and tg is None
-        and x.device.type == "cpu"
-        and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
-        and (b_ih is None) == (b_hh is None)
-    )
+    """Whether the serial forward of this layer runs torch's own loop: its CPU loop below
+    FUSED_MAX = batch x hidden, cuDNN on CUDA always (no Python loop competes with it)."""
+    if cell != "classic" or mask is not None or tg is not None:
+        return False
+    if (b_ih is None) != (b_hh is None):
+        return False
+    if x.device.type == "cuda":
+        return True
+    return x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
 
 
 def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Tensor:
@@ -374,7 +374,7 @@ def forward_solve(
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("fused" if fused else "step", steps, B, H, x.device.type)
     hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
-    state: dict = {}  # what the MGRIT grid needs, made on its first use
+    state: dict = {}  # the input gates, made on their first use; the fused solve's points
 
     def gates() -> Tensor:
         if "gx" not in state:
@@ -385,14 +385,18 @@ def forward_solve(
             state["gx"] = gx
         return state["gx"]
 
+    def coarse_gates() -> None:  # of the MGRIT grids; gathered over a time group's ranks
+        if hier.gates[-1] is None:
+            gather = None if comm is None else comm.gather
+            w0 = step_weights(grids[0], mask, gates())
+            built = build_hierarchy(gates(), grids, options, w0, gather, front)
+            hier.gates, hier.dts = built.gates, built.dts
+
     kept = None
     if keep and _worth_keeping(grids, B, steps):
         kept = workspace.lease((M, B, gru.KEPT * H), x)
-    if tg is not None and len(grids) > 1:  # every rank builds the hierarchy (a collective)
-        state["hier"] = build_hierarchy(
-            gates(), grids, options, step_weights(grids[0], mask, gates()), comm.gather, front
-        )
-        hier.gates, hier.dts = state["hier"].gates, state["hier"].dts
+    if tg is not None and len(grids) > 1 and isinstance(options.coarse, Implicit):
+        coarse_gates()  # a collective: every rank, whichever grid it runs
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
@@ -407,16 +411,12 @@ def forward_solve(
         k = kept[lo : lo + fine.M] if wide else None
         coarse_ops = []
         factors = None
-        if len(grids) > 1:
-            if "hier" not in state:
-                gather = None if comm is None else comm.gather
-                state["hier"] = build_hierarchy(
-                    gx, grids, options, step_weights(grids[0], mask, gx), gather, front
-                )
-            hier.gates, hier.dts = state["hier"].gates, state["hier"].dts
+        if len(grids) > 1 and isinstance(options.coarse, Implicit):
+            coarse_gates()
             coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
-            if not isinstance(options.coarse, Implicit):
-                factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)
+        elif len(grids) > 1:
+            coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
+            factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)
         fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k, factors, meter)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(

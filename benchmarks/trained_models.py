@@ -1,0 +1,332 @@
+"""MGRIT on trained networks: checkpoints of real training runs, cycles per coarse correction,
+and the training step against the serial solver and torch.nn.GRU.
+
+    python benchmarks/trained_models.py [--datasets smnist acsf1] [--threads 1] [--batches 3]
+        [--cfactors 32 64] [--coarse implicit frozen secant] [--relax FCF FCFCF]
+        [--cache runs/trained-models] [--json PATH] [--quick]
+
+1. Checkpoints (made once, cached in --cache, an ignored folder; delete it to regenerate).
+   Each data set is trained with the serial solver (exact, deterministic on the CPU) by the
+   training application, and its checkpoint is kept at the listed epochs (0 = the initial
+   weights). The recipes (``RECIPES`` below, written to ``recipe.json`` beside them) are the
+   project's: smnist as ``mgrit-gru train`` defaults it (hidden 64, batch 32, Adam 5e-3, clip
+   1, last state), ACSF1 with batch 10 for 30 epochs.
+2. Cycles: for each checkpoint, on its first ``--batches`` training batches, one training
+   step (forward and backward of the cross-entropy) per MGRIT setting with no guard and a cap
+   of 40 cycles, so that the cycles to the default tolerance show: forward / adjoint cycles
+   (the largest over the batches), and the errors against the serial solve (logits, relative
+   gradient).
+3. Time: the same steps timed, interleaved repeat by repeat in one process, for
+   torch.nn.GRU, the serial solver, solver="auto" and each MGRIT setting as a user runs it
+   (the default guard: a solve that diverges or would cost more than the serial one falls
+   back). Medians, ratios against serial and torch, fallbacks, and the errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mgrit_gru import MGRIT, Auto, Guard
+from mgrit_gru.app.config import TrainConfig
+from mgrit_gru.app.train import Classifier, load_checkpoint, load_data, train
+
+RECIPES = {
+    "smnist": dict(dataset="smnist", epochs=10, keep=(0, 3, 6, 10)),
+    "acsf1": dict(dataset="acsf1", batch_size=10, epochs=30, keep=(0, 10, 20, 30)),
+}
+NO_GUARD = Guard(patience=40, cost=False)
+CYCLES_HEADER = (
+    f"{'data':>6} {'epoch':>5} {'setting':<24} {'fwd':>10} {'bwd':>10} {'|dlogit|':>9} "
+    f"{'rel dgrad':>9}"
+)
+TIME_HEADER = (
+    f"{'data':>6} {'epoch':>5} {'solver':<24} {'ms':>8} {'x serial':>8} {'x torch':>8} "
+    f"{'f/b it':>7} {'fb':>4} {'|dlogit|':>9} {'rel dgrad':>9}"
+)
+CAP = 40
+
+
+def recipe_config(name: str, threads: int) -> TrainConfig:
+    spec = {k: v for k, v in RECIPES[name].items() if k != "keep"}
+    return TrainConfig(**spec, solver="serial", seed=0, threads=threads)
+
+
+def make_checkpoints(name: str, cache: Path, threads: int, log=print) -> list[Path]:
+    """The checkpoints of ``name``'s recipe at its kept epochs, trained if not cached."""
+    cfg = recipe_config(name, threads)
+    keep = RECIPES[name]["keep"]
+    folder = cache / name
+    wanted = [folder / f"epoch-{e}" for e in keep]
+    if all((w / "checkpoint.pt").exists() for w in wanted):
+        cache_batches(folder)
+        return wanted
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "recipe.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    run = folder / "run"
+    for epoch, dest in zip(keep, wanted):
+        dest.mkdir()
+        if epoch == 0:  # the initial weights, as train() makes them
+            data = load_data(cfg)
+            torch.manual_seed(cfg.seed)
+            model = Classifier(cfg, data.features, data.num_classes)
+            state = {"config": cfg.to_dict(), "epoch": 0, "model": model.state_dict()}
+            torch.save(state, dest / "checkpoint.pt")
+            continue
+        log(f"training {name} to epoch {epoch} (serial solver, seed 0)")
+        train(cfg.replace(epochs=epoch), run, resume=(run / "checkpoint.pt").exists(), log=log)
+        shutil.copy(run / "checkpoint.pt", dest / "checkpoint.pt")
+    cache_batches(folder)
+    return wanted
+
+
+def cache_batches(folder: Path, count: int = 3) -> None:
+    """Save the first ``count`` training batches beside a data set's checkpoints, so that
+    the timing runs where the data packages are not installed (a lent GPU machine)."""
+    target = folder / "batches.pt"
+    if target.exists():
+        return
+    cfg = TrainConfig.from_dict(json.loads((folder / "recipe.json").read_text()))
+    data = load_data(cfg)
+    torch.save(
+        {"batches": batches_of(cfg, data, count), "features": data.features,
+         "classes": data.num_classes},
+        target,
+    )  # fmt: skip
+
+
+def load_cached(folder: Path, device="cpu"):
+    """A checkpoint folder's models and its data set's cached batches, on ``device``."""
+    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+    cfg = TrainConfig.from_dict(state["config"])
+    cached = torch.load(folder.parent / "batches.pt", weights_only=True)
+    models = []
+    for solver in ("serial", "torch"):
+        m = Classifier(cfg.replace(solver=solver), cached["features"], cached["classes"])
+        m.load_state_dict(state["model"])
+        models.append(m.to(device))
+    batches = [(x.to(device), y.to(device)) for x, y in cached["batches"]]
+    return cfg, models[0], models[1], batches, int(state["epoch"])
+
+
+def load_model(path: Path):
+    state = (
+        load_checkpoint(path)
+        if (path / "config.json").exists()
+        else torch.load(path / "checkpoint.pt", weights_only=True)
+    )
+    cfg = TrainConfig.from_dict(state["config"])
+    data = load_data(cfg)
+    model = Classifier(cfg.replace(solver="serial"), data.features, data.num_classes)
+    model.load_state_dict(state["model"])
+    torch_model = Classifier(cfg.replace(solver="torch"), data.features, data.num_classes)
+    torch_model.load_state_dict(state["model"])
+    return cfg, data, model, torch_model, int(state["epoch"])
+
+
+def batches_of(cfg, data, count):
+    rows = [torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size) for i in range(count)]
+    return [(data.x_train[r], data.y_train[r]) for r in rows]
+
+
+def step(model, x, y):
+    """One training step's forward and backward: logits and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    logits = model(x)
+    F.cross_entropy(logits, y).backward()
+    return logits.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def with_solver(model, solver):
+    model.rnn.solver = solver
+    return model
+
+
+def rel(a, b) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def settings(args) -> dict[str, MGRIT]:
+    out = {}
+    for coarse in args.coarse:
+        for m in args.cfactors:
+            m = m if m == "auto" else int(m)
+            for relax in args.relax:
+                out[f"{coarse} m={m} {relax}"] = MGRIT(cfactor=m, relax=relax, coarse=coarse)
+    return out
+
+
+def cycles_table(name, epoch, model, batches, opts: dict[str, MGRIT], log=print) -> list[dict]:
+    with_solver(model, "serial")
+    exact = [step(model, x, y) for x, y in batches]
+    rows = []
+    for label, o in opts.items():
+        unguarded = o.replace(guard=NO_GUARD, max_iters=CAP, on_unconverged="warn")
+        with_solver(model, unguarded)
+        fwd, bwd, y_err, g_err = [], [], 0.0, 0.0
+        for (x, y), (logits, grad) in zip(batches, exact):
+            got, g = step(model, x, y)
+            s = model.rnn.last_stats
+            fwd.append(s.forward_iterations if s.forward[0].converged else None)
+            bwd.append(s.backward_iterations if s.backward[0].converged else None)
+            y_err, g_err = max(y_err, (got - logits).abs().max().item()), max(g_err, rel(g, grad))
+        row = {
+            "dataset": name,
+            "epoch": epoch,
+            "setting": label,
+            "fwd_cycles": fwd,
+            "bwd_cycles": bwd,
+            "logit_err": y_err,
+            "grad_err": g_err,
+        }
+        rows.append(row)
+        log(
+            f"{name:>6} {epoch:>5} {label:<24} {_cycles(fwd):>10} {_cycles(bwd):>10} "
+            f"{y_err:>9.1e} {g_err:>9.1e}"
+        )
+    return rows
+
+
+def _cycles(values) -> str:
+    """The largest over the batches; '>CAP' where a batch did not converge within CAP."""
+    if any(v is None for v in values):
+        return f">{CAP}"
+    return str(max(values))
+
+
+def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=print, device=None):
+    """Interleaved timing. solver="auto" runs on its own copy of the model, warmed up by ten
+    steps (what it learns there stays, as in training). On CUDA every timing waits for the
+    queued kernels on both ends."""
+
+    def wait():
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    auto_model = copy.deepcopy(model)
+    auto_model.rnn.solver = Auto()
+    for k in range(10):
+        step(auto_model, *batches[k % len(batches)])
+    models = {"torch.nn.GRU": (torch_model, None), "serial": (model, MGRIT.serial())}
+    models["auto"] = (auto_model, None)
+    models.update({label: (model, o) for label, o in opts.items()})
+    with_solver(model, "serial")
+    exact = [step(model, x, y) for x, y in batches]
+    times = {k: [] for k in models}
+    info = {k: {"fallbacks": 0, "fwd": [], "bwd": [], "y_err": 0.0, "g_err": 0.0} for k in models}
+    for label, (m, solver) in models.items():  # warm-up, and what each computes
+        if solver is not None:
+            with_solver(m, solver)
+        for (x, y), (logits, grad) in zip(batches, exact):
+            got, g = step(m, x, y)
+            i = info[label]
+            i["y_err"] = max(i["y_err"], (got - logits).abs().max().item())
+            i["g_err"] = max(i["g_err"], rel(g, grad))
+            s = getattr(m.rnn, "last_stats", None)
+            if s is not None:
+                i["fallbacks"] += sum(t.fell_back and not t.skipped for t in s.solves)
+                i["fwd"].append(s.forward_iterations)
+                i["bwd"].append(s.backward_iterations)
+    for _ in range(repeats):
+        for x, y in batches:
+            for label, (m, solver) in models.items():
+                if solver is not None:
+                    with_solver(m, solver)
+                wait()
+                start = time.perf_counter()
+                step(m, x, y)
+                wait()
+                times[label].append(time.perf_counter() - start)
+    serial = statistics.median(times["serial"])
+    torch_t = statistics.median(times["torch.nn.GRU"])
+    rows = []
+    for label, ts in times.items():
+        t = statistics.median(ts)
+        i = info[label]
+        row = {
+            "dataset": name,
+            "epoch": epoch,
+            "solver": label,
+            "step_ms": 1e3 * t,
+            "x_serial": serial / t,
+            "x_torch": torch_t / t,
+            "fallbacks": i["fallbacks"],
+            "fwd_cycles_max": max(i["fwd"], default=0),
+            "bwd_cycles_max": max(i["bwd"], default=0),
+            "logit_err": i["y_err"],
+            "grad_err": i["g_err"],
+        }
+        if label == "auto":
+            row["mgrit_share"] = auto_model.rnn.last_stats.mgrit_share
+        rows.append(row)
+        log(
+            f"{name:>6} {epoch:>5} {label:<24} {row['step_ms']:>8.1f} {row['x_serial']:>8.2f} "
+            f"{row['x_torch']:>8.2f} {row['fwd_cycles_max']:>3}/{row['bwd_cycles_max']:<3} "
+            f"{row['fallbacks']:>4} {row['logit_err']:>9.1e} {row['grad_err']:>9.1e}"
+        )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument("--cache", default="runs/trained-models", help="checkpoint folder")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--train-threads", type=int, default=2, help="threads to train checkpoints")
+    p.add_argument("--batches", type=int, default=3, help="training batches per checkpoint")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats (median)")
+    p.add_argument("--cfactors", nargs="+", default=["auto", "32", "64"], help="ints or auto")
+    p.add_argument("--coarse", nargs="+", default=["implicit", "frozen", "secant"])
+    p.add_argument("--relax", nargs="+", default=["FCF", "FCFCF"])
+    p.add_argument("--epochs", type=int, nargs="+", help="only these checkpoint epochs")
+    p.add_argument("--no-cycles", action="store_true", help="skip the cycles table")
+    p.add_argument("--no-time", action="store_true", help="skip the timing table")
+    p.add_argument("--json", help="write all rows as JSON")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")  # fallbacks are counted in the table
+    cache = Path(args.cache)
+    paths = {}
+    for name in args.datasets:
+        torch.set_num_threads(args.train_threads)
+        paths[name] = make_checkpoints(name, cache, args.train_threads)
+    torch.set_num_threads(args.threads)
+    opts = settings(args)
+    print(
+        f"trained_models: threads={torch.get_num_threads()} batches={args.batches} "
+        f"repeats={args.repeats} torch {torch.__version__}; default tol 1e-5 (adjoint: "
+        "relative); checkpoints in " + str(cache)
+    )
+    out = {"cycles": [], "time": []}
+    loaded = {}
+    for name, folders in paths.items():
+        for folder in folders:
+            cfg, data, model, torch_model, epoch = load_model(folder)
+            if args.epochs and epoch not in args.epochs:
+                continue
+            loaded[name, epoch] = (cfg, model, torch_model, batches_of(cfg, data, args.batches))
+    if not args.no_cycles:
+        print(f"\nCycles to tol without guard (cap {CAP}; largest over the batches)")
+        print(CYCLES_HEADER)
+        for (name, epoch), (_, model, _, batches) in loaded.items():
+            out["cycles"] += cycles_table(name, epoch, model, batches, opts)
+    if not args.no_time:
+        print("\nTraining step (forward + backward), medians; MGRIT rows with the default guard")
+        print(TIME_HEADER)
+        for (name, epoch), (_, model, torch_model, batches) in loaded.items():
+            out["time"] += time_table(name, epoch, model, torch_model, batches, opts, args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

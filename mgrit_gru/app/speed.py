@@ -1,0 +1,93 @@
+"""The speed a run got: its training step against torch.nn.GRU's and the serial solver's, on the
+same batches with the same (final) weights, timed interleaved in one process."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ..module import GRU
+from ..options import MGRIT
+
+
+def _step(model, x, lengths, y) -> None:
+    model.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x, lengths), y).backward()
+
+
+def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
+    """Median time of one training step (forward and backward of the loss; no optimiser step)
+    of ``model`` as trained (its solver and what it has learnt, on a copy), of the same
+    weights with the serial solver and with ``torch.nn.GRU``, over the first ``batches``
+    training batches, interleaved ``repeats`` times. Returns the times and ratios."""
+    from .train import Classifier, _lengths
+
+    device = next(model.parameters()).device
+    state = model.state_dict()
+    models = {cfg.solver: copy.deepcopy(model)}
+    for name in ("torch", "serial"):
+        if name != cfg.solver and not (name == "torch" and cfg.cell != "classic"):
+            other = Classifier(cfg.replace(solver=name), data.features, data.num_classes)
+            other.load_state_dict(state)
+            models[name] = other.to(device)
+    if isinstance(models.get("serial"), torch.nn.Module) and cfg.solver != "serial":
+        models["serial"].rnn.solver = MGRIT.serial()
+    count = min(batches, len(data.y_train) // cfg.batch_size)
+    rows = [torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size) for i in range(count)]
+    work = [
+        (
+            data.x_train[r].to(device),
+            _lengths(data.len_train, r, device),
+            data.y_train[r].to(device),
+        )
+        for r in rows
+    ]
+    for m in models.values():
+        m.train()
+        _step(m, *work[0])  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in models}
+    share = [0, 0]
+    for _ in range(repeats):
+        for xb, lengths, yb in work:
+            for name, m in models.items():
+                start = time.perf_counter()
+                _step(m, xb, lengths, yb)
+                times[name].append(time.perf_counter() - start)
+                stats = getattr(m.rnn, "last_stats", None)
+                if name == cfg.solver and isinstance(m.rnn, GRU) and stats is not None:
+                    done, total = stats.mgrit_share
+                    share[0] += done
+                    share[1] += total
+    ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    own = ms[cfg.solver]
+    result = {
+        "solver": cfg.solver,
+        "batches": count,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "step_ms": ms,
+        "x_torch": ms["torch"] / own if "torch" in ms else None,
+        "x_serial": ms["serial"] / own if "serial" in ms else None,
+        "mgrit_share": share[0] / share[1] if share[1] else None,
+    }
+    return result
+
+
+def speed_line(result: dict) -> str:
+    """One line for the end of a run."""
+    ms, own = result["step_ms"], result["solver"]
+    parts = [f"{own} {ms[own]:.1f} ms"]
+    for name, label in (("torch", "torch.nn.GRU"), ("serial", "serial")):
+        if name in ms and name != own:
+            parts.append(f"{label} {ms[name]:.1f} ms ({ms[name] / ms[own]:.2f}x)")
+    text = (
+        f"speed: training step ({result['batches']} batches, final weights, "
+        f"{result['threads']} threads): " + " | ".join(parts)
+    )
+    if result.get("mgrit_share") is not None:
+        text += f"; MGRIT gave {100 * result['mgrit_share']:.0f}% of the solves"
+    return text

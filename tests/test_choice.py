@@ -1,0 +1,133 @@
+"""The cost guard and solver="auto": MGRIT pays or stops, and the faster solver is chosen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_ref
+
+import mgrit_gru
+from mgrit_gru import cost
+from mgrit_gru.core.cycle import ProgressGuard
+
+
+@pytest.fixture
+def mgrit_step_costs(monkeypatch):
+    """Inject a cost: every step a solve runs is charged ``factor`` times the model's (the
+    serial alternative it is compared with keeps the model's price)."""
+    add = cost.Meter.add
+
+    def set_factor(factor: float) -> None:
+        def scaled(self, kind, rows, calls=1):
+            add(self, kind, rows, calls)
+            self.spent += (factor - 1) * calls * cost.step_us(kind, rows, self.hidden)
+
+        monkeypatch.setattr(cost.Meter, "add", scaled)
+
+    return set_factor
+
+
+def _call(gru, x, ref=None):
+    y, h = gru(x)
+    (y.sum() + h.sum()).backward()
+    if ref is not None:
+        with torch.no_grad():
+            y_ref, _ = ref(x)
+        assert (y - y_ref).abs().max() < 1e-4  # MGRIT's tolerance, or the serial solve
+    return gru.last_stats
+
+
+def test_auto_switches_to_serial_when_mgrit_costs_more_and_back(mgrit_step_costs):
+    """Made 1000x dearer, MGRIT loses its first call and the next calls go serial, with MGRIT
+    retried after 4, 8, 16 ... calls; made cheap again, the next retry wins and it stays."""
+    ref = make_ref(3, 8)
+    gru = mgrit_gru.GRU.from_torch(ref)  # solver="auto"
+    x = torch.randn(2000, 2, 3)
+    assert _call(gru, x, ref).forward[0].by_mgrit  # a random-init GRU: MGRIT pays
+    mgrit_step_costs(1000.0)
+    pattern = []
+    for _ in range(8):
+        stats = _call(gru, x, ref)
+        fwd = stats.forward[0]
+        pattern.append("s" if fwd.skipped else ("m" if fwd.by_mgrit else "f"))
+        if fwd.skipped:
+            assert fwd.reason.startswith("auto: serial (MGRIT cost") and not fwd.fell_back
+    # f: MGRIT tried and stopped by its cost guard (fell back), s: the choice skipped it
+    assert "".join(pattern) == "fssssfss"
+    mgrit_step_costs(0.001)  # MGRIT is now nearly free
+    pattern = []
+    for _ in range(8):
+        fwd = _call(gru, x, ref).forward[0]
+        pattern.append("s" if fwd.skipped else ("m" if fwd.by_mgrit else "f"))
+    assert "".join(pattern) == "ssssssmm"  # the rest of the wait, then MGRIT for good
+    assert sum(stats.by_mgrit for stats in gru.last_stats.solves) == 2
+
+
+def test_an_explicit_mgrit_is_never_switched(mgrit_step_costs):
+    """solver=MGRIT(...) tries MGRIT on every call, however dear: only its own guard may stop
+    a solve (and the result is then the serial one, exactly)."""
+    ref = make_ref(3, 8)
+    gru = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT())
+    mgrit_step_costs(1000.0)
+    x = torch.randn(2000, 2, 3)
+    for _ in range(4):
+        stats = _call(gru, x, ref)
+        assert stats.forward[0].stopped == "cost" and stats.forward[0].fell_back
+        for s in stats.solves:  # a solve done after its first relaxation has no cycle to stop
+            assert not s.skipped and (s.stopped == "cost" or (s.by_mgrit and s.iterations == 0))
+    with torch.no_grad():
+        assert (gru(x)[0] - ref(x)[0]).abs().max() < 1e-12  # the exact serial result
+
+
+def test_the_cost_guard_stops_a_slow_solve_and_the_result_is_exact():
+    """A long-memory GRU that needs many cycles: with the cost guard the solve stops once
+    finishing it would cost more than the serial solve (earlier than without the guard)
+    and returns the serial solve's result."""
+    ref = make_ref(3, 16, zbias=3.0)
+    with torch.no_grad():
+        ref.weight_hh_l0.mul_(2.5)
+    x = torch.randn(4096, 2, 3)
+    opts = mgrit_gru.MGRIT(cfactor=16, max_iters=40, coarse="implicit")
+    guarded = mgrit_gru.GRU.from_torch(ref, solver=opts)
+    free = mgrit_gru.GRU.from_torch(ref, solver=opts.replace(guard=mgrit_gru.Guard(40, cost=False)))
+    with torch.no_grad():
+        y, _ = guarded(x)
+        free(x)
+        y_ref, _ = ref(x)
+    stats, unguarded = guarded.last_stats.forward[0], free.last_stats.forward[0]
+    assert stats.stopped == "cost" and stats.fell_back and stats.converged
+    assert stats.iterations < unguarded.iterations
+    assert stats.cost < stats.serial_cost + unguarded.cost
+    assert (y - y_ref).abs().max() < 1e-6
+
+
+def test_progress_guard_verdicts():
+    """Patience counts relaxations without a new smallest residual; growth at round-off
+    level is not judged; the cost part predicts the cycles still needed from the last rate."""
+    guard = ProgressGuard(1e-5, patience=2, floor=1e-12)
+    assert guard([1.0, 2.0]) is None  # one relaxation without progress: wait
+    assert guard([1.0, 2.0, 0.5]) is None  # then it fell below the best
+    assert guard([1.0, 2.0, 3.0]) == "diverged"
+    assert guard([1e-13, 2e-13, 3e-13]) is None  # round-off
+    spent = iter([10.0, 20.0, 30.0])
+    cheap = ProgressGuard(1e-5, patience=2, spent=lambda: next(spent), alternative=100.0)
+    assert cheap([1.0]) is None  # a cycle (10) is cheaper than the alternative
+    assert cheap([1.0, 0.1]) is None  # 4 more cycles x 10 < 100
+    spent = iter([10.0, 20.0])
+    slow = ProgressGuard(1e-5, patience=2, spent=lambda: next(spent), alternative=100.0)
+    slow([1.0])
+    assert slow([1.0, 0.8]) == "cost"  # 52 more cycles x 10 > 100
+    spent = iter([120.0])
+    assert ProgressGuard(1e-5, 2, lambda: next(spent), 100.0)([1.0]) == "cost"  # spent it all
+
+
+def test_auto_choice_state_round_trips():
+    gru = mgrit_gru.GRU(3, 8)
+    x = torch.randn(500, 2, 3)
+    for _ in range(3):
+        _call(gru, x)
+    state = gru.solver_state()
+    other = mgrit_gru.GRU(3, 8)
+    other.load_solver_state(state)
+    assert other.solver_state() == state
+    assert set(state["auto"]) == {"forward/0/False", "backward/0/False"}
