@@ -136,12 +136,15 @@ class Budget:
             the budget's (inexact) forward states, as in the paper; ``"unrolled"``: the exact
             gradient of the budgeted forward itself, by differentiating through its cycles
             (each sweep batched over chunks; memory grows with the cycles).
+        clamp: clamp the C-points to [-1, 1] (a GRU state's range) after each forward coarse
+            correction, which may push them out of it.
     """
 
     forward: int = 2
     backward: int = 1
     backward_relax: Optional[str] = None
     gradient: Literal["adjoint", "unrolled"] = "adjoint"
+    clamp: bool = False
 
     def __post_init__(self) -> None:
         _check_int("Budget", "forward", self.forward, 0)
@@ -150,6 +153,8 @@ class Budget:
             _check_relax("Budget", "backward_relax", self.backward_relax)
         if self.gradient not in GRADIENT_CHOICES:
             raise _bad("Budget", "gradient", self.gradient, f"choose one of {GRADIENT_CHOICES}")
+        if not isinstance(self.clamp, bool):
+            raise _bad("Budget", "clamp", self.clamp, "expected True or False")
 
 
 @dataclass(frozen=True)

@@ -349,3 +349,49 @@ def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
     assert "repeated seed" in capsys.readouterr().err
     assert main([*argv, "--seeds", "5", "--seed", "1"]) == 2
     assert "either --seed or --seeds" in capsys.readouterr().err
+
+
+def test_cosine_schedule_is_a_function_of_the_step():
+    from mgrit_gru.app.train import learning_rate
+
+    cfg = TrainConfig(**{**SMALL, "epochs": 4, "lr": 0.01})
+    rates = [learning_rate(cfg, step, 3) for step in range(13)]
+    assert rates[0] == 0.01 and rates[12] == 0.0 and rates[6] == pytest.approx(0.005)
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+    flat = cfg.replace(schedule="constant")
+    assert {learning_rate(flat, s, 3) for s in range(13)} == {0.01}
+    # runs from before the schedule existed kept a constant rate, and resume that way
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("schedule", "coarse")}
+    assert TrainConfig.from_dict(old).schedule == "constant"
+    assert TrainConfig.from_dict(old).coarse == "implicit"
+
+
+@pytest.mark.parametrize("pool", ["last", "mean", "max"])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+def test_pooling_equals_a_torch_gru_classifier(pool, varlen, solver):
+    """--pool: the head reads the last state or the mean/max of the outputs over each
+    sequence's own steps; every step's output then carries the loss gradient. Logits and
+    every gradient equal the same classifier on torch.nn.GRU (float64)."""
+    from conftest import tight
+
+    from mgrit_gru.app.train import Classifier
+
+    torch.set_default_dtype(torch.float64)
+    cfg = TrainConfig(hidden=5, layers=2, bidirectional=True, pool=pool, solver="torch")
+    torch.manual_seed(0)
+    ref = Classifier(cfg, 3, 4)
+    ours = Classifier(cfg.replace(solver=solver), 3, 4)
+    ours.load_state_dict(ref.state_dict())
+    if solver == "mgrit":
+        ours.rnn.solver = tight(cfactor=4)
+    x, y = torch.randn(6, 50, 3), torch.tensor([0, 1, 2, 3, 1, 2])
+    lengths = torch.tensor([50, 13, 27, 50, 1, 40]) if varlen else None
+    grads = []
+    for model in (ref, ours):
+        xi = x.clone().requires_grad_()
+        logits = model(xi, lengths)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        grads.append([logits, *torch.autograd.grad(loss, [xi, *model.parameters()])])
+    for a, b in zip(*grads):
+        assert (a - b).abs().max() < (1e-12 if solver == "serial" else 1e-8)

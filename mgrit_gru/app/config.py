@@ -35,6 +35,9 @@ def _opt(default: Any, helptext: str, *choices: str) -> Any:
 # Fields that do not change what a run computes: a resumed run may give them anew.
 NOT_TRAINING = ("threads", "timeout")
 
+# What a run did before a field existed, where that differs from the field's default now.
+BEFORE_FIELD = {"schedule": "constant", "coarse": "implicit", "pool": "last"}
+
 # --recipe presets: option values under the ones given on the command line.
 RECIPES = {
     # Moon & Cyr 2022 (TorchBraid): the implicit GRU, 3 levels, coarsening 4, 2 forward FCF
@@ -112,7 +115,7 @@ class TrainConfig:
         "torch",
     )
     pool: str = _opt(
-        "last",
+        "mean",
         "what the classifier's head reads: the last state, or the mean or max of the last "
         "layer's outputs over each sequence's steps",
         "last",
@@ -185,6 +188,11 @@ class TrainConfig:
         "gradient of the budgeted forward (unrolled through its cycles)",
         *GRADIENT_CHOICES,
     )
+    budget_clamp: bool = _opt(
+        False,
+        "under a budget, clamp the C-points to [-1, 1] after each forward coarse correction "
+        "(--budget-clamp)",
+    )
     eval_serial: bool = _opt(
         True,
         "a budget run also tests its weights with the exact serial solve each epoch "
@@ -199,10 +207,17 @@ class TrainConfig:
         "(--no-early-exit: run every sweep to the end)",
     )
     optimizer: str = _opt("adam", "the optimiser", "adam", "sgd", "rmsprop")
-    lr: float = _opt(5e-3, "learning rate")
+    lr: float = _opt(3e-3, "learning rate (the peak of the schedule)")
+    schedule: str = _opt(
+        "cosine",
+        "learning-rate schedule over the run's steps: cosine (from --lr down to 0 at the last "
+        "step of --epochs) or constant",
+        "cosine",
+        "constant",
+    )
     weight_decay: float = _opt(0.0, "L2 weight decay of the optimiser (0: none)")
     clip: float = _opt(1.0, "clip the gradient's global norm to this (0: off)")
-    epochs: int = _opt(10, "training epochs (with --resume: train on up to this many)")
+    epochs: int = _opt(20, "training epochs (with --resume: train on up to this many)")
     batch_size: int = _opt(32, "sequences per training step")
     seed: int = _opt(0, "seed of the initial weights, the data order and dropout")
     device: str = _opt("cpu", "torch device: cpu or cuda[:N]")
@@ -274,6 +289,7 @@ class TrainConfig:
             self.budget_backward,
             self.budget_backward_relax,
             self.budget_gradient,
+            self.budget_clamp,
         )
 
     def mgrit_options(self) -> MGRIT:
@@ -307,11 +323,13 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
+        """A stored config. Fields it lacks get what runs did before they existed (for a
+        field whose default has changed since: ``BEFORE_FIELD``), else their default."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown}")
-        return cls(**data)
+        return cls(**{**{k: v for k, v in BEFORE_FIELD.items() if k not in data}, **data})
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

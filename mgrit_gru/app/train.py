@@ -185,6 +185,16 @@ class EpochStats:
         }
 
 
+def learning_rate(cfg: TrainConfig, step: int, per_epoch: int) -> float:
+    """The learning rate of training step ``step`` (counted from 0 over the whole run): a
+    function of the step alone, so a resumed run follows the same schedule. Cosine decays
+    from --lr to 0 over --epochs (a run resumed with more epochs stretches the rest)."""
+    if cfg.schedule == "constant":
+        return cfg.lr
+    total = max(cfg.epochs * per_epoch, 1)
+    return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(step, total) / total))
+
+
 def _batches(n: int, size: int, order: Optional[Tensor] = None):
     idx = torch.arange(n) if order is None else order
     for start in range(0, n, size):
@@ -533,6 +543,8 @@ def _train_epoch(
                 dist.all_reduce(p.grad, group=tg.group)
         if cfg.clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, epoch * len(batches) + index, len(batches))
         optimizer.step()
         if not math.isfinite(loss.item()):
             raise RunError(f"epoch {epoch + 1}: the loss became {loss.item()}; lower --lr")

@@ -144,11 +144,14 @@ class SolveResult:
 
 
 class _Solver:
-    def __init__(self, grids: Sequence[Grid], ops: Sequence[Propagator], relax: str, comm):
+    def __init__(
+        self, grids: Sequence[Grid], ops: Sequence[Propagator], relax: str, comm, project=None
+    ):
         self.grids = grids
         self.ops = ops
         self.sweeps = cf_sweeps(relax)
         self.comm = comm
+        self.project = project  # applied in place to level 0's corrected C-points
         self.scratch: Optional[Tensor] = None
 
     # -- relaxation ---------------------------------------------------------------------
@@ -285,6 +288,9 @@ class _Solver:
             solved = self.coarse_solve(level, c_points, propagated, factors)
         u[0] = solved[:-1]
         uend.copy_(solved[-1])
+        if level == 0 and self.project is not None:
+            self.project(u[0])
+            self.project(uend)
 
     def coarse_solve(
         self, level: int, c_points: Tensor, propagated: Tensor, factors: Optional[Tensor] = None
@@ -386,6 +392,7 @@ def solve(
     comm: Optional[LocalComm] = None,
     early_exit: bool = False,
     guard: Optional[Guard] = None,
+    project: Optional[Callable[[Tensor], object]] = None,
 ) -> SolveResult:
     """Solve ``u_{k+1} = Phi_0(u_k; k) + g_k`` from ``u_0 = u0`` on the finest grid.
 
@@ -410,6 +417,8 @@ def solve(
         guard: called after each relaxation that has not met ``tol`` with the residual
             history so far; a returned reason (``"diverged"``, ``"cost"``) abandons the solve.
             Without a guard only a residual that is not finite does.
+        project: applied in place to the finest level's C-points after each coarse
+            correction (e.g. a clamp to the states' range), or None.
 
     Returns:
         :class:`SolveResult`. ``residuals`` holds the residual after each relaxation (one per
@@ -422,7 +431,7 @@ def solve(
     u.copy_(u0.expand(first.m, first.n, *u0.shape))
     uend = u0.clone()
     comm = comm or LocalComm()
-    solver = _Solver(grids, ops, relax, comm)
+    solver = _Solver(grids, ops, relax, comm, project)
     if len(grids) == 1:
         solver.exact(0, u, uend, g)
         return SolveResult(u, uend)

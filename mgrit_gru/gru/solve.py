@@ -335,6 +335,10 @@ def _guard(options: MGRIT, tol: float, meter: cost.Meter, serial: float, tg, dty
     return ProgressGuard(tol, options.guard.patience, lambda: meter.spent, serial, floor)
 
 
+def _clamp(states: Tensor) -> None:
+    states.clamp_(-1.0, 1.0)  # a GRU state's range
+
+
 def forward_solve(
     x: Tensor,
     h0: Tensor,
@@ -431,6 +435,7 @@ def forward_solve(
             max_iters=options.fwd_max_iters,
             early_exit=options.early_exit,
             guard=_guard(options, options.fwd_tol, meter, serial_cost, tg, x.dtype),
+            project=_clamp if options.budget is not None and options.budget.clamp else None,
         )
 
     grids, result, stats = solve_guarded(

@@ -57,8 +57,9 @@ class _Cycles:
     """The V-cycle of :class:`mgrit_gru.core.cycle._Solver`, on lists of per-position states
     (``u[j]`` is position j of every chunk, ``(n, *S)``), every update out of place."""
 
-    def __init__(self, grids, ops, relax: str) -> None:
+    def __init__(self, grids, ops, relax: str, clamp: bool = False) -> None:
         self.grids, self.ops, self.sweeps = grids, ops, cf_sweeps(relax)
+        self.clamp = clamp
 
     def f_relax(self, level, u, g):
         for j in range(self.grids[level].m - 1):
@@ -104,6 +105,8 @@ class _Cycles:
         vend = self.vcycle(level + 1, v, v_flat[Mc], to_chunks(g_flat, coarse))
         flat = torch.stack(v).transpose(0, 1).reshape(Mc, *v_flat.shape[1:])
         solved = torch.cat([flat, vend[None]])[off : off + n + 1]
+        if level == 0 and self.clamp:
+            solved = solved.clamp(-1.0, 1.0)
         u[0] = solved[:-1]
         return solved[-1]
 
@@ -117,14 +120,16 @@ class _Cycles:
         return uend
 
 
-def solve_budget(grids, ops, u0: Tensor, relax: str, cycles: int) -> tuple[Tensor, list[float]]:
+def solve_budget(
+    grids, ops, u0: Tensor, relax: str, cycles: int, clamp: bool = False
+) -> tuple[Tensor, list[float]]:
     """All level-0 points ``(M + 1, *S)`` after ``cycles`` V-cycles from the guess ``u0``
     everywhere (the core's :func:`mgrit_gru.core.solve` with ``tol=0``), and the residual
     after each relaxation (detached, for the statistics)."""
     first = grids[0]
     u = [u0.expand(first.n, *u0.shape)] * first.m
     uend = u0
-    cyc = _Cycles(grids, ops, relax)
+    cyc = _Cycles(grids, ops, relax, clamp)
     residuals = []
     if len(grids) == 1:
         cycles = 0
@@ -182,7 +187,8 @@ def layer(
             for lvl, g in enumerate(grids[1:], start=1):
                 secant = lvl == 1 and isinstance(options.coarse, Secant)
                 ops.append(SecantStep(g, options.coarse.depth) if secant else DiagonalStep(g))
-    points, residuals = solve_budget(grids, ops, h0, options.relax, options.budget.forward)
+    budget = options.budget
+    points, residuals = solve_budget(grids, ops, h0, options.relax, budget.forward, budget.clamp)
     points = points[fine.off : fine.off + T + 1]
     return points[1:], points[T], residuals, len(grids)
 
