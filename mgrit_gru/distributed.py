@@ -346,6 +346,25 @@ def scatter_time(x: Tensor, tg: TimeGroup, cfactor: int, dim: int = 0) -> Tensor
     return x.narrow(dim, t0, t1 - t0)
 
 
+def time_mean(
+    y: Tensor, tg: TimeGroup, steps: int, cfactor: int, lengths: Optional[Tensor] = None
+) -> Tensor:
+    """The mean over all ranks' time steps of the outputs ``y`` ``(B, T_local, F)`` (batch
+    first; this rank's slice of a sequence of ``steps``), over each sequence's own
+    ``lengths`` if given: a local sum, then a differentiable all-reduce (every rank gets the
+    mean and its slice the mean's full gradient)."""
+    from torch.distributed.nn.functional import all_reduce
+
+    t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
+    if lengths is None:
+        total, count = y.sum(1), y.new_tensor(float(steps))
+    else:
+        t = torch.arange(t0, t0 + y.shape[1], device=y.device)
+        valid = (t[None, :] < lengths.to(y.device)[:, None]).to(y.dtype)
+        total, count = (y * valid.unsqueeze(-1)).sum(1), lengths.to(y.device, y.dtype)[:, None]
+    return all_reduce(total, group=tg.group) / count
+
+
 def gather_time(y: Tensor, tg: TimeGroup, steps: int, cfactor: int, dim: int = 0) -> Tensor:
     """The full sequence from every rank's slice ``y`` (an all-gather; for checks and output)."""
     slices = time_slices(steps, tg.size, cfactor)

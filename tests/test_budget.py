@@ -190,7 +190,13 @@ def test_a_budget_run_evaluates_with_its_budget_and_serially(f32, tmp_path, caps
     capsys.readouterr()
     assert main(["eval", str(run)]) == 0
     assert "solved exactly: loss" in capsys.readouterr().out
-    # resume: the same metrics as the uninterrupted run
+    # resume: the same metrics as the uninterrupted run (a constant rate: the run is stopped by
+    # asking for 1 epoch, and a cosine schedule would stretch when it is extended)
+    constant = tmp_path / "constant"
+    assert main(["train", *flags(SMALL), "--recipe", "torchbraid", "--schedule", "constant",
+                 "--out", str(constant)]) == 0  # fmt: skip
+    rows = [json.loads(x) for x in (constant / "metrics.jsonl").read_text().splitlines()]
+    cfg = TrainConfig(**json.loads((constant / "config.json").read_text()))
     half = tmp_path / "half"
     cfg1 = cfg.replace(epochs=1)
     train(cfg1, half, progress=False, log=lambda *a: None)

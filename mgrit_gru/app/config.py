@@ -276,8 +276,8 @@ class TrainConfig:
             raise ValueError("--time-parallel needs --solver mgrit or serial")
         if self.time_parallel > 1 and self.cfactor == "auto":
             raise ValueError("--time-parallel needs an integer --cfactor, not auto")
-        if self.time_parallel > 1 and self.pool != "last":
-            raise ValueError("--pool mean/max needs --time-parallel 1 (pooling over ranks)")
+        if self.time_parallel > 1 and self.pool == "max":
+            raise ValueError("--pool max needs --time-parallel 1 (use mean or last across ranks)")
 
     @property
     def budget(self) -> Optional[Budget]:

@@ -62,10 +62,12 @@ class Classifier(nn.Module):
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
         if self.time_group is not None:  # this rank's slice of time, the global lengths
-            from ..distributed import scatter_time
+            from ..distributed import scatter_time, time_mean
 
             local = scatter_time(x, self.time_group, self.cfactor, dim=1)
             y, h_n = self.rnn(local, lengths=lengths)
+            if self.pool == "mean":  # over every rank's steps
+                return self.head(time_mean(y, self.time_group, x.shape[1], self.cfactor, lengths))
         elif lengths is None:
             y, h_n = self.rnn(x)
         elif isinstance(self.rnn, GRU):

@@ -50,6 +50,7 @@ class DivergenceMemory:
 
     MAX_SKIP = 64
     skip_is_fallback = True  # a skipped call falls back after divergences
+    warns = True  # a divergence is news to the user
 
     def __init__(self) -> None:
         self._state: dict[tuple, list[int]] = {}  # key -> [calls left to skip, next skip]
@@ -92,6 +93,7 @@ class AutoChoice:
     cheap once a network has become hard, while an easy phase is found within a few calls."""
 
     skip_is_fallback = False  # serial is a choice here, not a fallback
+    warns = False  # choosing is its job: a divergence is nothing to tell
     FIRST_WAIT = 4
 
     def __init__(self, max_wait: int = 64) -> None:
@@ -166,7 +168,7 @@ def solve_guarded(
     else:
         result = run(grids)
         tried = result
-        quiet = isinstance(control, AutoChoice)  # choosing is its job: nothing to tell
+        quiet = control is not None and not control.warns
         if _falls_back(pass_, options, result, quiet):
             grids, result, fell_back = serial, run(serial), True
             result.residuals, result.iterations = tried.residuals, tried.iterations
