@@ -8,9 +8,9 @@ and the training step against the serial solver and torch.nn.GRU.
 1. Checkpoints (made once, cached in --cache, an ignored folder; delete it to regenerate).
    Each data set is trained with the serial solver (exact, deterministic on the CPU) by the
    training application, and its checkpoint is kept at the listed epochs (0 = the initial
-   weights). The recipes (``RECIPES`` below, written to ``recipe.json`` beside them) are the
-   project's: smnist as ``mgrit-gru train`` defaults it (hidden 64, batch 32, Adam 5e-3, clip
-   1, last state), ACSF1 with batch 10 for 30 epochs.
+   weights). The recipes (``RECIPES`` below, written to ``recipe.json`` beside them): smnist
+   with hidden 64, batch 32, Adam at a constant 5e-3, clip 1, the last state, 10 epochs;
+   ACSF1 the same with batch 10 for 30 epochs.
 2. Cycles: for each checkpoint, on its first ``--batches`` training batches, one training
    step (forward and backward of the cross-entropy) per MGRIT setting with no guard and a cap
    of 40 cycles, so that the cycles to the default tolerance show: forward / adjoint cycles
@@ -40,9 +40,12 @@ from mgrit_gru import MGRIT, Auto, Guard
 from mgrit_gru.app.config import TrainConfig
 from mgrit_gru.app.train import Classifier, load_checkpoint, load_data, train
 
+# The training recipes, pinned (the app's defaults may change): the last state, Adam at a
+# constant 5e-3, clip 1, hidden 64, seed 0, the serial solver.
+_PINNED = dict(pool="last", lr=5e-3, schedule="constant")
 RECIPES = {
-    "smnist": dict(dataset="smnist", epochs=10, keep=(0, 3, 6, 10)),
-    "acsf1": dict(dataset="acsf1", batch_size=10, epochs=30, keep=(0, 10, 20, 30)),
+    "smnist": dict(dataset="smnist", epochs=10, keep=(0, 3, 6, 10), **_PINNED),
+    "acsf1": dict(dataset="acsf1", batch_size=10, epochs=30, keep=(0, 10, 20, 30), **_PINNED),
 }
 NO_GUARD = Guard(patience=40, cost=False)
 CYCLES_HEADER = (
@@ -277,6 +280,64 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
     return rows
 
 
+def summarise(data: dict) -> str:
+    """The README's tables from a --json file: cycles at cfactor 32 on the trained
+    checkpoints, each setting's mean training-step time over all checkpoints against serial
+    (the default is the least), and per checkpoint serial, torch.nn.GRU, auto and MGRIT()."""
+    out = []
+    cyc = data.get("cycles", [])
+    if cyc:
+        trained = sorted({(r["dataset"], r["epoch"]) for r in cyc if r["epoch"] > 0})
+        out += ["cycles to tol at cfactor 32, forward / adjoint (largest over the batches):", ""]
+        out.append("| coarse, relax | " + " | ".join(f"{d} ep {e}" for d, e in trained) + " |")
+        out.append("|---" * (len(trained) + 1) + "|")
+        for coarse in ("implicit", "frozen", "secant"):
+            for relax in ("FCF", "FCFCF"):
+                label = f"{coarse} m=32 {relax}"
+                cells = []
+                for d, e in trained:
+                    r = next((r for r in cyc if (r["dataset"], r["epoch"], r["setting"]) ==
+                              (d, e, label)), None)  # fmt: skip
+                    cells.append("-" if r is None else f"{_cycles(r['fwd_cycles'])} / "
+                                 f"{_cycles(r['bwd_cycles'])}")  # fmt: skip
+                out.append(f"| {coarse}, {relax} | " + " | ".join(cells) + " |")
+        out.append("")
+    rows = data.get("time", [])
+    if rows:
+        serial = {(r["dataset"], r["epoch"]): r["step_ms"] for r in rows if r["solver"] == "serial"}
+        torch_ms = {
+            (r["dataset"], r["epoch"]): r["step_ms"] for r in rows if r["solver"] == "torch.nn.GRU"
+        }
+        ratio: dict[str, list[float]] = {}
+        for r in rows:
+            ratio.setdefault(r["solver"], []).append(
+                r["step_ms"] / serial[r["dataset"], r["epoch"]]
+            )
+        out += ["training-step time / serial's, over the checkpoints (mean, worst):", ""]
+        out += ["| solver | mean | worst | best |", "|---|---|---|---|"]
+        for label, v in sorted(ratio.items(), key=lambda kv: sum(kv[1])):
+            out.append(f"| {label} | {sum(v) / len(v):.2f} | {max(v):.2f} | {min(v):.2f} |")
+        out += ["", "per checkpoint: ms per training step (x serial's speed, x torch.nn.GRU's):"]
+        out += ["", "| data | epoch | serial | torch.nn.GRU | auto | MGRIT() | MGRIT() fallbacks |"]
+        out.append("|---|---|---|---|---|---|---|")
+        default = "secant m=auto FCF"
+        for d, e in sorted(serial):
+            get = {r["solver"]: r for r in rows if (r["dataset"], r["epoch"]) == (d, e)}
+
+            def cell(k, get=get):
+                r = get.get(k)
+                return "-" if r is None else (
+                    f"{r['step_ms']:.0f} ({r['x_serial']:.2f}x, {r['x_torch']:.2f}x)"
+                )  # fmt: skip
+
+            fb = get[default]["fallbacks"] if default in get else "-"
+            out.append(
+                f"| {d} | {e} | {serial[d, e]:.0f} | {torch_ms[d, e]:.0f}"
+                f" | {cell('auto')} | {cell(default)} | {fb} |"
+            )
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="+", default=list(RECIPES), choices=list(RECIPES))
@@ -292,7 +353,11 @@ def main() -> None:
     p.add_argument("--no-cycles", action="store_true", help="skip the cycles table")
     p.add_argument("--no-time", action="store_true", help="skip the timing table")
     p.add_argument("--json", help="write all rows as JSON")
+    p.add_argument("--summary", metavar="JSON", help="only print the README tables of a --json")
     args = p.parse_args()
+    if args.summary:
+        print(summarise(json.loads(Path(args.summary).read_text())))
+        return
     warnings.simplefilter("ignore")  # fallbacks are counted in the table
     cache = Path(args.cache)
     paths = {}

@@ -105,14 +105,16 @@ class Guard:
         patience: the solve has diverged once this many cycles in a row bring no residual
             below the smallest so far (or a residual is not finite). Trained GRUs may grow
             for a cycle or two and then converge fast.
-        cost: abandon the solve once its cost model (:mod:`mgrit_gru.cost`) predicts that
-            finishing it costs more than the serial solve from scratch: the cycle's measured
-            cost times the cycles that the residuals' decay rate still needs. The serial
-            solve then runs: MGRIT pays or stops early.
+        cost: abandon the solve once it has spent what the serial solve costs, or its cost
+            model (:mod:`mgrit_gru.cost`) predicts that finishing it costs more than the
+            serial solve from scratch: the cycle's measured cost times the cycles that the
+            residuals' decay rate still needs. The serial solve then runs: MGRIT pays or
+            stops early. Off for an explicit ``MGRIT()`` (a user who asks for MGRIT gets it,
+            to the tolerance); :class:`Auto`, the module's default, always runs MGRIT with it.
     """
 
     patience: int = 4
-    cost: bool = True
+    cost: bool = False
 
     def __post_init__(self) -> None:
         _check_int("Guard", "patience", self.patience, 1)
@@ -339,11 +341,11 @@ def _short(value: object) -> str:
 @dataclass(frozen=True)
 class Auto:
     """The solver choice per layer, direction and pass (forward / adjoint): MGRIT with
-    ``mgrit``'s options while its modelled cost (:mod:`mgrit_gru.cost`, from the cycles it
-    needed) stays below the serial solve's, else the serial solve, with MGRIT tried again
-    after 1, 2, 4, ... ``max_wait`` calls so that a network that becomes easy (or hard) is
-    followed. Decisions depend on cycle counts only, never on a clock (a resumed training
-    run makes the same choices); their state lives in the module
+    ``mgrit``'s options (and its cost guard on) while its modelled cost (:mod:`mgrit_gru.cost`,
+    from the cycles it needed) stays below the serial solve's, else the serial solve, with
+    MGRIT tried again after 4, 8, 16, ... ``max_wait`` calls so that a network that becomes
+    easy (or hard) is followed. Decisions depend on cycle counts only, never on a clock (a
+    resumed training run makes the same choices); their state lives in the module
     (:meth:`mgrit_gru.GRU.solver_state`)."""
 
     mgrit: MGRIT = field(default_factory=MGRIT)
@@ -357,6 +359,9 @@ class Auto:
                 "Auto", "mgrit", self.mgrit, "a budget or serial MGRIT leaves nothing to choose"
             )
         _check_int("Auto", "max_wait", self.max_wait, 1)
+        if not self.mgrit.guard.cost:  # the choice is about cost: its solves stop when dear
+            guard = replace(self.mgrit.guard, cost=True)
+            object.__setattr__(self, "mgrit", replace(self.mgrit, guard=guard))
 
 
 # The cost model of cfactor="auto" (README, "Automatic settings"). A pass's time is dominated

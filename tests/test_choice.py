@@ -64,12 +64,17 @@ def test_auto_switches_to_serial_when_mgrit_costs_more_and_back(mgrit_step_costs
 
 
 def test_an_explicit_mgrit_is_never_switched(mgrit_step_costs):
-    """solver=MGRIT(...) tries MGRIT on every call, however dear: only its own guard may stop
-    a solve (and the result is then the serial one, exactly)."""
+    """solver=MGRIT(...) runs MGRIT on every call, however dear (its cost guard is off unless
+    asked for); with the cost guard asked for, a solve stops when dear and the result is the
+    serial one, exactly."""
     ref = make_ref(3, 8)
     gru = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT())
     mgrit_step_costs(1000.0)
     x = torch.randn(2000, 2, 3)
+    for _ in range(4):
+        for s in _call(gru, x, ref).solves:
+            assert s.by_mgrit and not s.skipped and not s.fell_back
+    gru.solver = mgrit_gru.MGRIT(guard=mgrit_gru.Guard(cost=True))
     for _ in range(4):
         stats = _call(gru, x, ref)
         assert stats.forward[0].stopped == "cost" and stats.forward[0].fell_back
@@ -77,6 +82,7 @@ def test_an_explicit_mgrit_is_never_switched(mgrit_step_costs):
             assert not s.skipped and (s.stopped == "cost" or (s.by_mgrit and s.iterations == 0))
     with torch.no_grad():
         assert (gru(x)[0] - ref(x)[0]).abs().max() < 1e-12  # the exact serial result
+    assert mgrit_gru.Auto(mgrit_gru.MGRIT()).mgrit.guard.cost  # auto always stops when dear
 
 
 def test_the_cost_guard_stops_a_slow_solve_and_the_result_is_exact():
@@ -87,7 +93,9 @@ def test_the_cost_guard_stops_a_slow_solve_and_the_result_is_exact():
     with torch.no_grad():
         ref.weight_hh_l0.mul_(2.5)
     x = torch.randn(4096, 2, 3)
-    opts = mgrit_gru.MGRIT(cfactor=16, max_iters=40, coarse="implicit")
+    opts = mgrit_gru.MGRIT(
+        cfactor=16, max_iters=40, coarse="implicit", guard=mgrit_gru.Guard(cost=True)
+    )
     guarded = mgrit_gru.GRU.from_torch(ref, solver=opts)
     free = mgrit_gru.GRU.from_torch(ref, solver=opts.replace(guard=mgrit_gru.Guard(40, cost=False)))
     with torch.no_grad():

@@ -157,9 +157,9 @@ class TrainConfig:
         4, "MGRIT cycles without a new smallest residual before a solve counts as diverged"
     )
     cost_guard: bool = _opt(
-        True,
-        "stop an MGRIT solve once finishing it is predicted to cost more than the serial "
-        "solve, and solve serially (--no-cost-guard: only divergence stops it)",
+        False,
+        "with --solver mgrit, stop a solve once finishing it is predicted to cost more than "
+        "the serial solve, and solve serially (--solver auto always does)",
     )
     on_divergence: str = _opt(
         "fallback",
