@@ -53,6 +53,8 @@ def _compare(args: argparse.Namespace) -> None:
     if overrides.get("budget_forward") is not None:
         own = "mgrit"  # a budget is MGRIT's
     base = TrainConfig(**overrides, solver=own)
+    if args.resume and not args.out:
+        raise ValueError("compare --resume continues the comparison in --out: name that folder")
     out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
     solvers = ["serial", own] + (["torch"] if args.with_torch else [])
     dataset = train.load_data(base).describe()
@@ -82,7 +84,8 @@ def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dic
     for solver in solvers:
         cfg = base.replace(solver=solver)
         print(f"== {solver} (seed {cfg.seed}) ==")
-        history = train.train(cfg, out / solver, progress=not args.no_progress)
+        resume = args.resume and (out / solver / train.CHECKPOINT).exists()
+        history = train.train(cfg, out / solver, resume=resume, progress=not args.no_progress)
         report.write_run_report(out / solver, cfg, history, train.load_data(cfg).describe())
         runs[solver] = (cfg, history)
     return runs
@@ -139,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         _compare,
     )
     p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted comparison in --out with the same options: runs found "
+        "there continue exactly (finished ones are kept), missing ones are trained",
+    )
     p.add_argument(
         "--seeds",
         type=int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -347,6 +348,18 @@ def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
             in report
         )
     assert "mgrit minus serial:" in report and "standard error" in report
+    # an interrupted comparison continues: seed 4's serial run lost, seed 5 never started
+    shutil.rmtree(out / "seed-4" / "serial")
+    kept = (out / "seed-3" / "mgrit" / "metrics.jsonl").read_text()
+    assert main([*argv, "--seeds", "3", "4", "5", "--resume"]) == 0
+    assert (out / "seed-3" / "mgrit" / "metrics.jsonl").read_text() == kept  # not retrained
+    again = json.loads((out / "seed-4" / "serial" / "metrics.jsonl").read_text())
+    assert 100 * again["test_acc"] == finals[4, "serial"]  # the same run, retrained
+    assert "| 5 |" in (out / "report.md").read_text()
+    assert main([*argv, "--seeds", "3", "--resume", "--lr", "0.5"]) == 2  # other options
+    assert "another config" in capsys.readouterr().err
+    assert main(["compare", *flags({**small, "epochs": 1}), "--seeds", "3", "--resume"]) == 2
+    assert "name that folder" in capsys.readouterr().err
     assert main([*argv, "--seeds", "3", "3"]) == 2
     assert "repeated seed" in capsys.readouterr().err
     assert main([*argv, "--seeds", "5", "--seed", "1"]) == 2
