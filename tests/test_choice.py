@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import make_ref
@@ -37,30 +39,57 @@ def _call(gru, x, ref=None):
     return gru.last_stats
 
 
+def _pattern(fwd) -> str:
+    """m: solved by MGRIT, f: MGRIT tried and fell back, s: the choice skipped MGRIT."""
+    if fwd.skipped:
+        assert fwd.reason.startswith("auto: serial (MGRIT cost") and not fwd.fell_back
+        return "s"
+    return "m" if fwd.by_mgrit else "f"
+
+
 def test_auto_switches_to_serial_when_mgrit_costs_more_and_back(mgrit_step_costs):
-    """Made 1000x dearer, MGRIT loses its first call and the next calls go serial, with MGRIT
-    retried after 4, 8, 16 ... calls; made cheap again, the next retry wins and it stays."""
+    """Made 1.1x dearer than the serial solve, MGRIT loses its call and the next calls go
+    serial, with MGRIT retried after 4, 8, 16 ... calls; made cheap again, the next retry
+    wins and it stays."""
     ref = make_ref(3, 8)
     gru = mgrit_gru.GRU.from_torch(ref)  # solver="auto"
     x = torch.randn(2000, 2, 3)
-    assert _call(gru, x, ref).forward[0].by_mgrit  # a random-init GRU: MGRIT pays
-    mgrit_step_costs(1000.0)
-    pattern = []
-    for _ in range(8):
-        stats = _call(gru, x, ref)
-        fwd = stats.forward[0]
-        pattern.append("s" if fwd.skipped else ("m" if fwd.by_mgrit else "f"))
-        if fwd.skipped:
-            assert fwd.reason.startswith("auto: serial (MGRIT cost") and not fwd.fell_back
-    # f: MGRIT tried and stopped by its cost guard (fell back), s: the choice skipped it
-    assert "".join(pattern) == "fssssfss"
+    first = _call(gru, x, ref).forward[0]
+    assert first.by_mgrit  # a random-init GRU: MGRIT pays
+    mgrit_step_costs(1.1 * first.serial_cost / first.cost)
+    pattern = "".join(_pattern(_call(gru, x, ref).forward[0]) for _ in range(8))
+    assert pattern == "mssssmss"  # lost (by_mgrit, dearer), wait 4, lost, wait 8 (cut)
+    assert gru.last_stats.forward[0].reason.startswith("auto: serial (MGRIT cost 1.10x")
     mgrit_step_costs(0.001)  # MGRIT is now nearly free
-    pattern = []
-    for _ in range(8):
-        fwd = _call(gru, x, ref).forward[0]
-        pattern.append("s" if fwd.skipped else ("m" if fwd.by_mgrit else "f"))
-    assert "".join(pattern) == "ssssssmm"  # the rest of the wait, then MGRIT for good
+    pattern = "".join(_pattern(_call(gru, x, ref).forward[0]) for _ in range(8))
+    assert pattern == "ssssssmm"  # the rest of the wait, then MGRIT for good
     assert sum(stats.by_mgrit for stats in gru.last_stats.solves) == 2
+
+
+def test_auto_waits_long_enough_that_losing_tries_stay_cheap(mgrit_step_costs):
+    """The wait after a losing try is at least the try's excess over the serial solve divided
+    by TRY_SHARE (here more than the doubling's first 4), so the tries that lose add at most
+    about TRY_SHARE to the serial work between them."""
+    from mgrit_gru.gru.control import AutoChoice
+
+    ref = make_ref(3, 8)
+    gru = mgrit_gru.GRU.from_torch(ref)
+    x = torch.randn(2000, 2, 3)
+    first = _call(gru, x, ref).forward[0]
+    mgrit_step_costs(1.4 * first.serial_cost / first.cost)  # MGRIT now loses by 40%
+    tries, pattern = [], ""
+    while len(tries) < 3:
+        fwd = _call(gru, x, ref).forward[0]
+        pattern += _pattern(fwd)
+        if not fwd.skipped:
+            tries.append(fwd.cost / fwd.serial_cost - 1.0)  # the excess, in serial solves
+    waits = [len(run) for run in pattern.split("m")[1:-1]]
+    expected = [
+        max(4 * 2**k, math.ceil(excess / AutoChoice.TRY_SHARE))
+        for k, excess in enumerate(tries[:2])
+    ]
+    assert waits == expected and waits[0] > 4
+    assert sum(tries[:2]) <= AutoChoice.TRY_SHARE * (len(pattern) - 1) * 1.0001
 
 
 def test_an_explicit_mgrit_is_never_switched(mgrit_step_costs):

@@ -9,6 +9,7 @@ a clock), so every decision is reproducible.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,15 +87,18 @@ def _key(text: str) -> tuple:
 class AutoChoice:
     """The state of ``solver="auto"``: per layer, direction and pass, MGRIT while a call of
     it costs no more than the serial solve (the modelled cost of everything it ran, a
-    fallback included), else serial for the next FIRST_WAIT, 2 FIRST_WAIT, ... ``max_wait``
-    calls, then MGRIT is tried again. The waits double while MGRIT keeps losing and reset
-    when it wins. A try that loses costs about one relaxation on top of the serial solve
-    (the cost guard stops it there), so waits that start at 4 and grow keep the trying
-    cheap once a network has become hard, while an easy phase is found within a few calls."""
+    fallback included), else serial for the next calls, then MGRIT is tried again. The wait
+    is FIRST_WAIT, 2 FIRST_WAIT, ... ``max_wait`` calls while MGRIT keeps losing (reset when
+    it wins), and at least what the losing call cost beyond the serial solve, divided by
+    TRY_SHARE: the tries that lose add at most about TRY_SHARE of the serial work between
+    them (a try the cost guard stops costs about one relaxation and a cycle on top of the
+    serial solve, so it waits about 16 calls), while an easy phase is still found within a
+    few calls once a try wins."""
 
     skip_is_fallback = False  # serial is a choice here, not a fallback
     warns = False  # choosing is its job: a divergence is nothing to tell
     FIRST_WAIT = 4
+    TRY_SHARE = 0.05
 
     def __init__(self, max_wait: int = 64) -> None:
         self.max_wait = max_wait
@@ -119,12 +123,13 @@ class AutoChoice:
         if not outcome.mgrit:
             return
         entry = self._entry(key)
-        entry["ratio"] = outcome.spent / max(outcome.serial, 1e-9)
+        entry["ratio"] = ratio = outcome.spent / max(outcome.serial, 1e-9)
         if outcome.stopped is None and outcome.spent <= outcome.serial:
             entry["mgrit"] += 1
             entry["next"] = min(self.FIRST_WAIT, self.max_wait)
         else:
-            entry["wait"] = min(entry["next"], self.max_wait)
+            paid = math.ceil(min(max(ratio - 1.0, 0.0), self.max_wait) / self.TRY_SHARE)
+            entry["wait"] = min(max(entry["next"], paid), self.max_wait)
             entry["next"] = min(2 * entry["next"], self.max_wait)
 
     def share(self) -> tuple[int, int]:
