@@ -22,7 +22,7 @@ import torch
 from . import memory
 from .app.config import parse_device
 from .module import GRU
-from .options import MGRIT, Auto
+from .options import MGRIT, Auto, Budget, auto_cfactor
 
 # The module's default (solver="auto"), MGRIT's defaults, and the defaults before the trained-
 # model benchmark chose them (cfactor 32 with implicit coarse steps).
@@ -31,12 +31,13 @@ DEFAULT_SETTINGS = ["auto", "default", "cfactor=32,coarse=implicit", "cfactor=12
 
 def parse_setting(spec: str):
     """``"default"`` (MGRIT()), ``"auto"`` (the automatic choice, the module's default) or
-    ``"cfactor=16,relax=F,tol=1e-6"`` -> MGRIT."""
+    ``"cfactor=16,relax=F,tol=1e-6"`` -> MGRIT; ``budget_forward=2,budget_backward=1``
+    (and ``budget_backward_relax``, ``budget_gradient``, ``budget_clamp``) set its Budget."""
     if spec == "default":
         return MGRIT()
     if spec == "auto":
         return Auto()
-    known = {f.name: f for f in fields(MGRIT)}
+    known = {f.name: f for f in fields(MGRIT)} | {f"budget_{f.name}": f for f in fields(Budget)}
     kwargs: dict[str, object] = {}
     for item in spec.split(","):
         key, sep, value = item.partition("=")
@@ -56,6 +57,9 @@ def parse_setting(spec: str):
                 continue
         else:
             kwargs[key] = value
+    budget = {k[len("budget_") :]: kwargs.pop(k) for k in list(kwargs) if k.startswith("budget_")}
+    if budget:
+        kwargs["budget"] = Budget(**budget)
     return MGRIT(**kwargs)
 
 
@@ -313,6 +317,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def time_parallel_options(spec: str, T: int, batch: int, hidden: int) -> MGRIT:
+    """The MGRIT options of a time-parallel row: ``auto`` means MGRIT there (the choice is
+    off across ranks), and ``cfactor="auto"`` is resolved for the shape (the ranks' split
+    needs a number)."""
+    opts = parse_setting(spec)
+    if isinstance(opts, Auto):
+        opts = opts.mgrit
+    if opts.cfactor == "auto":
+        opts = opts.replace(cfactor=auto_cfactor(T, batch, hidden, options=opts))
+    return opts
+
+
 def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     """Rank 0 times the single-process rows while the others wait; then all ranks time the
     time-parallel step, with the coarse levels solved on every rank and on one (each repeat's
@@ -325,8 +341,8 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     if tg.size != args.time_parallel:
         raise ValueError(f"--time-parallel {args.time_parallel} but {tg.size} processes started")
     torch.set_num_threads(args.threads)
-    opts = parse_setting(args.settings[0])
     T = args.T[0] if args.T != [1024, 4096, 16384] else 65536
+    opts = time_parallel_options(args.settings[0], T, args.batch, args.hidden)
     ref, x, w_y, w_h = problem(
         T, args.batch, args.input, args.hidden, zbias=args.zbias, seed=args.seed
     )

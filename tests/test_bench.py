@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+import mgrit_gru
 from mgrit_gru import memory
 from mgrit_gru.cli import main
 
@@ -109,3 +110,25 @@ def test_bench_float64_errors_keep_float64_precision(tmp_path):
     assert rows["serial"]["rel_grad_err"] == 0.0
     mgrit = rows["mgrit(cfactor=8,tol=1e-12,max_iters=50)"]
     assert mgrit["max_abs_y_err"] < 1e-12 and mgrit["rel_grad_err"] < 1e-12
+
+
+def test_bench_settings_name_a_budget():
+    from mgrit_gru.bench import parse_setting
+
+    opts = parse_setting("cfactor=8,budget_forward=2,budget_backward=1,budget_gradient=unrolled")
+    assert opts.cfactor == 8
+    assert opts.budget == mgrit_gru.Budget(forward=2, backward=1, gradient="unrolled")
+    with pytest.raises(ValueError, match="Budget"):
+        parse_setting("budget_forward=-1")
+
+
+def test_time_parallel_rows_resolve_the_automatic_settings():
+    """Across ranks the split needs a number and the choice is off: the bench's default
+    settings give MGRIT with the cfactor that "auto" picks for the shape."""
+    from mgrit_gru.bench import time_parallel_options
+    from mgrit_gru.options import auto_cfactor
+
+    for spec in ("auto", "default"):
+        opts = time_parallel_options(spec, 65536, 4, 64)
+        assert isinstance(opts, mgrit_gru.MGRIT) and opts.cfactor == auto_cfactor(65536, 4, 64)
+    assert time_parallel_options("cfactor=32,relax=F", 4096, 4, 64).cfactor == 32
