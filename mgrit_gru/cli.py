@@ -78,16 +78,32 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dict:
+    """Train one run per solver, their epochs interleaved (epoch 1 of each, then epoch 2 of
+    each, ...: each run pauses at its checkpoint and continues exactly), so that a change in
+    the machine's speed during the comparison falls on every solver alike."""
     from .app import report, train
 
+    cfgs = {solver: base.replace(solver=solver) for solver in solvers}
+    print(f"== {', '.join(solvers)} (seed {base.seed}), epochs interleaved ==")
+    print(train.load_data(base).describe())
+    histories: dict[str, list[dict]] = {}
+    for epoch in range(1, base.epochs + 1):
+        for solver, cfg in cfgs.items():
+            folder = out / solver
+            resume = (epoch > 1 or args.resume) and (folder / train.CHECKPOINT).exists()
+            histories[solver] = train.train(
+                cfg,
+                folder,
+                resume=resume,
+                progress=not args.no_progress,
+                stop_after=epoch,
+                log=lambda text, s=solver: text.startswith("epoch") and print(f"{s}: {text}"),
+            )
     runs = {}
-    for solver in solvers:
-        cfg = base.replace(solver=solver)
-        print(f"== {solver} (seed {cfg.seed}) ==")
-        resume = args.resume and (out / solver / train.CHECKPOINT).exists()
-        history = train.train(cfg, out / solver, resume=resume, progress=not args.no_progress)
-        report.write_run_report(out / solver, cfg, history, train.load_data(cfg).describe())
-        runs[solver] = (cfg, history)
+    for solver, cfg in cfgs.items():
+        data = train.load_data(cfg).describe()
+        report.write_run_report(out / solver, cfg, histories[solver], data)
+        runs[solver] = (cfg, histories[solver])
     return runs
 
 

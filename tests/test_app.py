@@ -233,7 +233,18 @@ def test_eval_and_compare(tmp_path, capsys):
     }
     assert abs(rows["serial"]["train_loss"] - rows["mgrit"]["train_loss"]) < 1e-3
     assert abs(rows["serial"]["train_loss"] - rows["torch"]["train_loss"]) < 1e-3
-    capsys.readouterr()
+    # the runs' epochs were interleaved (paused and continued): each equals a plain run
+    alone = tmp_path / "alone"
+    assert main(["train", *flags({**SMALL, "solver": "serial"}), "--out", str(alone),
+                 "--no-progress", "--no-speed-check"]) == 0  # fmt: skip
+    plain = [json.loads(line) for line in (alone / "metrics.jsonl").read_text().splitlines()]
+    inter = [
+        json.loads(line) for line in (out / "serial" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [(r["train_loss"], r["test_acc"]) for r in plain] == [
+        (r["train_loss"], r["test_acc"]) for r in inter
+    ]
+    assert "epochs interleaved" in capsys.readouterr().out
     assert main(["eval", str(out / "mgrit")]) == 0
     assert "test: loss" in capsys.readouterr().out
     result = evaluate_run(out / "serial", log=lambda *a: None)

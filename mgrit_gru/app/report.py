@@ -241,7 +241,8 @@ def write_compare_report(
         "",
         "Same model, initial weights, data order and seed; only the GRU solver differs. Times "
         "are the training epochs' (evaluation aside); a speed-up is the other's time over "
-        f"{own}'s.",
+        f"{own}'s. The solvers' epochs alternate (epoch 1 of each, then epoch 2, ...), so a "
+        "change in the machine's speed falls on all of them alike.",
         "",
         "| solver | final test acc | best test acc | final train loss | train s (total) | "
         f"{own}'s speed-up over it | mean fwd it | mean bwd it | fallbacks | MGRIT share |",
@@ -331,7 +332,8 @@ def write_seeds_report(
         "",
         "Per seed: same model, initial weights and data order for every solver; the seed "
         "changes all of them. Accuracies in percent; gaps in percentage points; times are the "
-        f"training epochs' sums; a speed-up is the other's time over {own}'s.",
+        f"training epochs' sums; a speed-up is the other's time over {own}'s. The solvers' "
+        "epochs alternate within a seed.",
         "",
         "| seed | "
         + " | ".join(f"{s} final test acc" for s in solvers)

@@ -350,9 +350,17 @@ def default_run_dir(cfg: TrainConfig) -> Path:
 
 
 def train(
-    cfg: TrainConfig, run: Path, *, resume: bool = False, log=print, progress: bool = True
+    cfg: TrainConfig,
+    run: Path,
+    *,
+    resume: bool = False,
+    log=print,
+    progress: bool = True,
+    stop_after: Optional[int] = None,
 ) -> list[dict]:
-    """Train (or continue) the run in folder ``run``; returns the per-epoch metrics."""
+    """Train (or continue) the run in folder ``run``; returns the per-epoch metrics.
+    ``stop_after``: return once that many epochs of the run are done (its checkpoint then
+    continues exactly, as after Ctrl-C between epochs: ``compare`` interleaves runs so)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = _device(cfg)
@@ -411,7 +419,8 @@ def train(
     if main:
         write_json(run / "config.json", cfg.to_dict())
     with _StopOnCtrlC(enabled=tg is None) as ctrl_c:
-        for epoch in range(start, cfg.epochs):
+        end = cfg.epochs if stop_after is None else min(cfg.epochs, stop_after)
+        for epoch in range(start, end):
             row = _train_epoch(
                 cfg, model, optimizer, data, epoch, device, progress, log, partial, ctrl_c
             )
