@@ -18,8 +18,8 @@ and the training step against the serial solver and torch.nn.GRU.
    gradient).
 3. Time: the same steps timed, interleaved repeat by repeat in one process, for
    torch.nn.GRU, the serial solver, solver="auto" and each MGRIT setting as a user runs it
-   (the default guard: a solve that diverges or would cost more than the serial one falls
-   back). Medians, ratios against serial and torch, fallbacks, and the errors.
+   (``MGRIT(...)``'s default guard: a solve that diverges, or stops at its cycle cap, falls
+   back; no cost guard). Medians, ratios against serial and torch, fallbacks, and the errors.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def main() -> None:
         for (name, epoch), (_, model, _, batches) in loaded.items():
             out["cycles"] += cycles_table(name, epoch, model, batches, opts)
     if not args.no_time:
-        print("\nTraining step (forward + backward), medians; MGRIT rows with the default guard")
+        print("\nTraining step (forward + backward), medians; MGRIT rows as MGRIT(...) runs them")
         print(TIME_HEADER)
         for (name, epoch), (_, model, torch_model, batches) in loaded.items():
             out["time"] += time_table(name, epoch, model, torch_model, batches, opts, args.repeats)

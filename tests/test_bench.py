@@ -131,4 +131,5 @@ def test_time_parallel_rows_resolve_the_automatic_settings():
     for spec in ("auto", "default"):
         opts = time_parallel_options(spec, 65536, 4, 64)
         assert isinstance(opts, mgrit_gru.MGRIT) and opts.cfactor == auto_cfactor(65536, 4, 64)
+        assert opts == mgrit_gru.MGRIT(cfactor=opts.cfactor)
     assert time_parallel_options("cfactor=32,relax=F", 4096, 4, 64).cfactor == 32
