@@ -44,7 +44,7 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from .app import report, train
+    from .app import train
 
     overrides = with_recipe(given_overrides(args))
     own = overrides.pop("solver", "auto")  # the solver under comparison
@@ -57,6 +57,18 @@ def _compare(args: argparse.Namespace) -> None:
         raise ValueError("compare --resume continues the comparison in --out: name that folder")
     out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
     solvers = ["serial", own] + (["torch"] if args.with_torch else [])
+    try:
+        _compare_all(args, overrides, base, out, solvers)
+    except train.Interrupted as exc:  # say how to continue the comparison, not one run
+        saved = str(exc).split(": continue with")[0]
+        raise train.Interrupted(
+            f"{saved}; continue the comparison with the same options and --resume --out {out}"
+        ) from None
+
+
+def _compare_all(args, overrides: dict, base: TrainConfig, out: Path, solvers: list[str]):
+    from .app import report, train
+
     dataset = train.load_data(base).describe()
     if not args.seeds:
         path = report.write_compare_report(out, _compare_runs(base, out, solvers, args), dataset)

@@ -340,3 +340,36 @@ def test_residual_plot_marks_the_tolerance(tmp_path):
     assert 1e-5 in ys and 1e-3 in ys
     styles = {report.STYLES[s][:2] for s in ("mgrit", "serial", "torch")}
     assert len(styles) == 3  # coinciding curves stay visible
+
+
+def test_ctrl_c_in_compare_says_how_to_continue_it_and_resume_is_exact(
+    f32, tmp_path, monkeypatch, capsys
+):
+    """A Ctrl-C during a comparison names compare --resume (not one run's train --resume);
+    continuing gives every solver the metrics of an uninterrupted comparison."""
+    cfg = {**SMALL, "epochs": 2}
+    argv = ["compare", *flags(cfg), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    steps = {"n": 0}
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        steps["n"] += 1
+        if steps["n"] == 5:  # in the second solver's first epoch (3 steps an epoch)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    out = tmp_path / "b"
+    assert main([*argv, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"--resume --out {out}" in err and "train --resume" not in err
+    monkeypatch.setattr(torch.optim.Adam, "step", real_step)
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    keys = ("train_loss", "train_acc", "test_loss", "test_acc")
+    for solver in ("serial", "mgrit"):
+        rows = [
+            [[json.loads(x)[k] for k in keys] for x in (run / solver / "metrics.jsonl").open()]
+            for run in (tmp_path / "a", out)
+        ]
+        assert rows[0] == rows[1] and len(rows[0]) == 2
