@@ -71,7 +71,8 @@ def _compare_all(args, overrides: dict, base: TrainConfig, out: Path, solvers: l
 
     dataset = train.load_data(base).describe()
     if not args.seeds:
-        path = report.write_compare_report(out, _compare_runs(base, out, solvers, args), dataset)
+        runs = _compare_runs(base, out, solvers, args, dataset)
+        path = report.write_compare_report(out, runs, dataset)
         print(f"report: {path}")
         return
     if len(set(args.seeds)) != len(args.seeds):
@@ -82,14 +83,14 @@ def _compare_all(args, overrides: dict, base: TrainConfig, out: Path, solvers: l
     for seed in args.seeds:
         folder = out / f"seed-{seed}"
         cfg = base.replace(seed=seed)
-        runs = _compare_runs(cfg, folder, solvers, args)
+        runs = _compare_runs(cfg, folder, solvers, args, dataset)
         report.write_compare_report(folder, runs, dataset)
         per_seed[seed] = runs
     path = report.write_seeds_report(out, per_seed, dataset)
     print(f"report: {path}")
 
 
-def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dict:
+def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args, dataset: str) -> dict:
     """Train one run per solver, their epochs interleaved (epoch 1 of each, then epoch 2 of
     each, ...: each run pauses at its checkpoint and continues exactly), so that a change in
     the machine's speed during the comparison falls on every solver alike."""
@@ -97,7 +98,7 @@ def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dic
 
     cfgs = {solver: base.replace(solver=solver) for solver in solvers}
     print(f"== {', '.join(solvers)} (seed {base.seed}), epochs interleaved ==")
-    print(train.load_data(base).describe())
+    print(dataset)
     histories: dict[str, list[dict]] = {}
     for epoch in range(1, base.epochs + 1):
         for solver, cfg in cfgs.items():
@@ -113,8 +114,7 @@ def _compare_runs(base: TrainConfig, out: Path, solvers: list[str], args) -> dic
             )
     runs = {}
     for solver, cfg in cfgs.items():
-        data = train.load_data(cfg).describe()
-        report.write_run_report(out / solver, cfg, histories[solver], data)
+        report.write_run_report(out / solver, cfg, histories[solver], dataset)
         runs[solver] = (cfg, histories[solver])
     return runs
 

@@ -310,10 +310,10 @@ def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, b_hn, meter) -> li
             for lvl, g in enumerate(grids)
             if lvl > 0
         ]
-    return _chunk_map_ops(grids, options)
+    return chunk_map_ops(grids, options)
 
 
-def _chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
+def chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
     """Frozen (or, on level 1, secant) chunk maps for every coarse level."""
     ops = []
     for lvl, g in enumerate(grids):
@@ -415,12 +415,12 @@ def forward_solve(
         k = kept[lo : lo + fine.M] if wide else None
         coarse_ops = []
         factors = None
-        if len(grids) > 1 and isinstance(options.coarse, Implicit):
-            coarse_gates()
+        if len(grids) > 1:
+            if isinstance(options.coarse, Implicit):
+                coarse_gates()  # the implicit coarse steps' gates
+            else:
+                factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)  # chunk maps'
             coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
-        elif len(grids) > 1:
-            coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
-            factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)
         fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k, factors, meter)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
@@ -612,7 +612,7 @@ def adjoint_solve(
                     hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, options, meter
                 )
             else:
-                state["ops"] = _chunk_map_ops(mgrit_grids, options)
+                state["ops"] = chunk_map_ops(mgrit_grids, options)
         return state["ops"][: len(grids) - 1]
 
     def run(grids: list[Grid]) -> SolveResult:

@@ -24,12 +24,11 @@ import torch
 from torch import Tensor
 
 from ..core import Grid, build_grids, chunk_view, pad_steps, to_chunks
-from ..core.coarse import DiagonalStep, SecantStep
 from ..core.cycle import cf_sweeps
-from ..options import MGRIT, Implicit, Secant
+from ..options import MGRIT, Implicit
 from . import cell as gru
 from .reference import step
-from .solve import build_hierarchy, step_weights
+from .solve import build_hierarchy, chunk_map_ops, step_weights
 
 
 class Steps:
@@ -184,9 +183,7 @@ def layer(
                 gates, dts = pad_steps(hier.gates[lvl], g), pad_steps(hier.dts[lvl], g)
                 ops.append(Steps(g, gates, w_hh, b_hn, "implicit", dts))
         else:
-            for lvl, g in enumerate(grids[1:], start=1):
-                secant = lvl == 1 and isinstance(options.coarse, Secant)
-                ops.append(SecantStep(g, options.coarse.depth) if secant else DiagonalStep(g))
+            ops += chunk_map_ops(grids, options)
     budget = options.budget
     points, residuals = solve_budget(grids, ops, h0, options.relax, budget.forward, budget.clamp)
     points = points[fine.off : fine.off + T + 1]
