@@ -2,7 +2,7 @@
 
     python benchmarks/bf16_check.py [--hidden 64] [--input 32] [--batch 4] [--T 16384]
 
-Under ``torch.autocast`` the solver runs in fp32 (see README, Known limits). This script
+Under ``torch.autocast`` the solver runs in fp32 (see docs/limits.md). This script
 measures, on one CPU thread, what a bf16 path would change in each GEMM-carrying part of a
 training step, at the shapes the solver uses:
 

@@ -286,13 +286,13 @@ def graphs(report: Report, device, steps: int, rows: int, H: int) -> None:
 # -- 6. the trained checkpoints ------------------------------------------------------------
 
 
-def trained(report: Report, device, cache: Path, repeats: int) -> None:
+def trained(report: Report, device, cache: Path, repeats: int, limit=None) -> None:
     """benchmarks/trained_models.py's timing on the device, from its cached checkpoints and
-    batches (no data package needed)."""
+    batches (no data package needed); ``limit``: the first few checkpoints only."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import trained_models as tm
 
-    found = sorted(cache.glob("*/epoch-*/checkpoint.pt"))
+    found = sorted(cache.glob("*/epoch-*/checkpoint.pt"))[:limit]
     if not found:
         report.line(f"== trained checkpoints: none in {cache} (run trained_models.py, carry it)")
         report.put("trained", None)
@@ -346,7 +346,7 @@ def main() -> int:
             (lambda: calibrate(report, device, [16, 64, 256], 8), 5),
             (lambda: early_exit(report, device, 256, 2, 8), 5),
             (lambda: graphs(report, device, 16, 64, 8), 1),
-            (lambda: trained(report, device, Path(args.cache), 1), 10),
+            (lambda: trained(report, device, Path(args.cache), 1, limit=1), 10),
         ]
     else:
         grid = [(T, B, H) for T in (4096, 16384, 65536, 262144) for B in (1, 16) for H in (64, 256)]

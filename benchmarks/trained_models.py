@@ -47,6 +47,16 @@ RECIPES = {
     "smnist": dict(dataset="smnist", epochs=10, keep=(0, 3, 6, 10), **_PINNED),
     "acsf1": dict(dataset="acsf1", batch_size=10, epochs=30, keep=(0, 10, 20, 30), **_PINNED),
 }
+# Heads other than the last state (benchmarks/loss_shapes.py): the incoming gradient is spread
+# over the steps, and the adjoint state is hundreds of times larger than any single part of it.
+_SPREAD = dict(lr=3e-3, schedule="constant")
+POOLED = {
+    "smnist-mean": dict(dataset="smnist", epochs=10, keep=(5, 10), pool="mean", **_SPREAD),
+    "smnist-max": dict(dataset="smnist", epochs=10, keep=(10,), pool="max", **_SPREAD),
+    "acsf1-mean": dict(
+        dataset="acsf1", batch_size=10, epochs=30, keep=(30,), pool="mean", **_SPREAD
+    ),
+}
 NO_GUARD = Guard(patience=40, cost=False)
 CYCLES_HEADER = (
     f"{'data':>6} {'epoch':>5} {'setting':<24} {'fwd':>10} {'bwd':>10} {'|dlogit|':>9} "
@@ -60,14 +70,14 @@ CAP = 40
 
 
 def recipe_config(name: str, threads: int) -> TrainConfig:
-    spec = {k: v for k, v in RECIPES[name].items() if k != "keep"}
+    spec = {k: v for k, v in {**RECIPES, **POOLED}[name].items() if k != "keep"}
     return TrainConfig(**spec, solver="serial", seed=0, threads=threads)
 
 
 def make_checkpoints(name: str, cache: Path, threads: int, log=print) -> list[Path]:
     """The checkpoints of ``name``'s recipe at its kept epochs, trained if not cached."""
     cfg = recipe_config(name, threads)
-    keep = RECIPES[name]["keep"]
+    keep = {**RECIPES, **POOLED}[name]["keep"]
     folder = cache / name
     wanted = [folder / f"epoch-{e}" for e in keep]
     if all((w / "checkpoint.pt").exists() for w in wanted):
@@ -281,7 +291,7 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
 
 
 def summarise(data: dict) -> str:
-    """The README's tables from a --json file: cycles at cfactor 32 on the trained
+    """The tables of docs/measurements.md from a --json file: cycles at cfactor 32 on the trained
     checkpoints, each setting's mean training-step time over all checkpoints against serial
     (the default is the least), and per checkpoint serial, torch.nn.GRU, auto and MGRIT()."""
     out = []
@@ -353,7 +363,7 @@ def main() -> None:
     p.add_argument("--no-cycles", action="store_true", help="skip the cycles table")
     p.add_argument("--no-time", action="store_true", help="skip the timing table")
     p.add_argument("--json", help="write all rows as JSON")
-    p.add_argument("--summary", metavar="JSON", help="only print the README tables of a --json")
+    p.add_argument("--summary", metavar="JSON", help="only print the docs' tables from a --json")
     args = p.parse_args()
     if args.summary:
         print(summarise(json.loads(Path(args.summary).read_text())))
@@ -368,8 +378,8 @@ def main() -> None:
     opts = settings(args)
     print(
         f"trained_models: threads={torch.get_num_threads()} batches={args.batches} "
-        f"repeats={args.repeats} torch {torch.__version__}; default tol 1e-5 (adjoint: "
-        "relative); checkpoints in " + str(cache)
+        f"repeats={args.repeats} torch {torch.__version__}; tol auto (float32: 1e-5 on the "
+        "relative residual, forward and adjoint); checkpoints in " + str(cache)
     )
     out = {"cycles": [], "time": []}
     loaded = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed
 
-from . import bench
+from . import bench, calibrate
 from .app.config import TrainConfig, add_config_arguments, given_overrides, with_recipe
 from .app.datasets import DatasetError
 from .app.speed import speed_line
@@ -29,15 +29,25 @@ def _train(args: argparse.Namespace) -> None:
     else:
         cfg = TrainConfig(**overrides)
         run = Path(args.out) if args.out else train.default_run_dir(cfg)
+    calibrate.for_run(cfg, run, bool(args.resume))  # this machine's cost model, pinned
     history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
     if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
         return  # rank 0 writes the report
     speed = None
     if cfg.time_parallel == 1 and not args.no_speed_check:
-        speed = train.measure_speed(cfg, run)
-        train.write_json(run / "speed.json", speed)
+        try:
+            speed = train.measure_speed(cfg, run)
+        except KeyboardInterrupt:  # the training is done and saved: report it all the same
+            speed = {"skipped": "interrupted by Ctrl-C"}
+        else:
+            train.write_json(run / "speed.json", speed)
     data_line = history and train.load_data(cfg).describe()
     path = report.write_run_report(run, cfg, history, data_line, speed)
+    if speed is not None and "skipped" in speed:
+        raise train.Interrupted(
+            f"Ctrl-C during the closing speed check, which is skipped; the training itself "
+            f"finished: {run / train.CHECKPOINT} holds the trained model; report: {path}"
+        )
     if speed is not None:
         print(speed_line(speed))
     print(f"report: {path}")
@@ -55,8 +65,9 @@ def _compare(args: argparse.Namespace) -> None:
     base = TrainConfig(**overrides, solver=own)
     if args.resume and not args.out:
         raise ValueError("compare --resume continues the comparison in --out: name that folder")
-    out = Path(args.out) if args.out else train.default_run_dir(base.replace(solver="compare"))
+    out = Path(args.out) if args.out else train.default_run_dir(base, "compare")
     solvers = ["serial", own] + (["torch"] if args.with_torch else [])
+    calibrate.for_run(base, out, bool(args.resume))
     try:
         _compare_all(args, overrides, base, out, solvers)
     except train.Interrupted as exc:  # say how to continue the comparison, not one run
@@ -147,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time torch.nn.GRU, serial and MGRIT side by side")
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)
+    p = sub.add_parser("calibrate", help="measure this machine's step costs for the cost model")
+    calibrate.add_arguments(p)
+    p.set_defaults(func=calibrate.run)
 
     p = _training_parser(
         sub,
@@ -166,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "compare",
         "the same training with the serial solver and --solver (auto or mgrit), one report",
-        "folder for the runs and the report",
+        "folder for the runs and the report (default: runs/DATASET-compare-TIME)",
         _compare,
     )
     p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")

@@ -14,49 +14,233 @@ as ``H^1.75`` over H = 32-128 on the CPU (the GEMMs' H^2 dominate at larger H). 
   batches (``mgrit_gru.gru.solve.FUSED_MAX``);
 - ``"adjoint"``: one step of the adjoint recurrence.
 
-Calibrated with ``python benchmarks/step_cost.py`` (one thread, fp32, this project's 2-core
-CPU, 2026-12-03; each kind timed as the solves run it, loop and bookkeeping included; "fused"
-fitted over batches 1-64, where the serial forward uses it). The CUDA row is an estimate (no
-GPU was measured): a step there is launch latency, about 5-10 us per kernel and 6-10 kernels,
-almost free of its rows; ``benchmarks/gpu_check.sh`` prints a measured row.
+The table in use (:func:`table`, :func:`active`):
+
+- the machine's own calibration, if ``mgrit-gru calibrate`` (or the first ``mgrit-gru train``
+  on the machine) has measured and cached one for this machine key (CPU model, torch
+  version, one thread, device kind) in :func:`cache_path`: read once, lazily, at the first
+  use; nothing is ever measured inside a library call (:mod:`mgrit_gru.calibrate` measures);
+- else :data:`BUILTIN`;
+- ``MGRIT_GRU_CALIBRATION=builtin`` forces :data:`BUILTIN` (the test suite sets it in its
+  conftest, so that tests see the same numbers on every machine), ``=cached`` (the default)
+  the cache;
+- :func:`use` pins a table for the process (or a ``with`` block): ``mgrit-gru train`` pins
+  the table a run started with, so that its resumption decides alike. Time-parallel ranks
+  must decide alike too: on one machine they read the same cache; across machines pin one
+  table in each (``mgrit-gru train --time-parallel`` pins the built-in one).
+
+:data:`BUILTIN` was calibrated with ``python benchmarks/step_cost.py`` on this project's
+2-core AMD EPYC (one thread, fp32, 2026-12-03; each kind timed as the solves run it, loop and
+bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it).
+Its CUDA row is an estimate (no GPU was measured): a step there is launch latency, about 5-10
+us per kernel and 6-10 kernels, almost free of its rows; ``benchmarks/gpu_check.sh`` prints a
+measured row. A cached calibration replaces the CPU row only.
 """
 
 from __future__ import annotations
 
-# device kind -> step kind -> (o in us, c in us per row at H = 64)
-CALIBRATION = {
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+
+# device kind -> step kind -> (o in us, c in us per row at H = 64); measured on the AMD EPYC
+BUILTIN = {
     "cpu": {"step": (32.0, 0.40), "fused": (12.0, 0.60), "adjoint": (7.0, 0.50)},
     "cuda": {"step": (70.0, 0.003), "fused": (15.0, 0.003), "adjoint": (30.0, 0.003)},
 }
+CALIBRATION = BUILTIN  # its former name
 H_EXPONENT = 1.75
+KINDS = ("step", "fused", "adjoint")
+THREADS = 1  # a calibration is measured at one thread (torch.set_num_threads(1))
+ENV, CACHE_ENV = "MGRIT_GRU_CALIBRATION", "MGRIT_GRU_CACHE"
+
+
+class Active(NamedTuple):
+    """The table in use and where it came from: ``origin`` "builtin", "cached" (this
+    machine's entry of ``path``) or "pinned" (:func:`use`); ``entry``: the cached entry (its
+    "measured" date, "cpu_name", ...) or the pinned table's description."""
+
+    table: dict
+    origin: str
+    entry: Optional[dict] = None
+    path: Optional[str] = None
+
+    def describe(self) -> str:
+        e = self.entry or {}
+        if self.origin == "builtin":
+            return "built-in cost model (measured on an AMD EPYC)"
+        what = f"{e.get('cpu_name', '?')}, torch {e.get('torch', '?')}, {e.get('measured', '?')}"
+        if self.origin == "cached":
+            return f"this machine's calibration ({what}) from {self.path}"
+        return f"pinned cost model: {e.get('described', what)}"
+
+
+_BUILTIN_ACTIVE = Active(BUILTIN, "builtin")
+_pinned: Optional[Active] = None
+_cached: Optional[Active] = None  # the cache as read once (builtin when it holds no entry)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo, else platform.processor(), else the machine)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_key(device: str = "cpu") -> str:
+    """The cache key of this machine: CPU model, torch version, threads (always 1), device."""
+    return f"{cpu_name()} | torch {torch.__version__} | threads {THREADS} | {_kind(device)}"
+
+
+def cache_path() -> Path:
+    """``$MGRIT_GRU_CACHE/calibration.json``, else ``~/.cache/mgrit-gru/calibration.json``."""
+    folder = os.environ.get(CACHE_ENV)
+    base = Path(folder) if folder else Path.home() / ".cache" / "mgrit-gru"
+    return base / "calibration.json"
+
+
+def valid_row(row) -> Optional[dict]:
+    """``{kind: (o, c)}`` for the three kinds with o >= 0 and c > 0 finite, else None."""
+    try:
+        out = {k: (float(row[k][0]), float(row[k][1])) for k in KINDS}
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+    ok = all(math.isfinite(o) and math.isfinite(c) and o >= 0 and c > 0 for o, c in out.values())
+    return out if ok else None
+
+
+def read_cache(path: Optional[Path] = None) -> dict:
+    """The cache file's entries (key -> entry); {} when absent or unreadable."""
+    path = cache_path() if path is None else Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cached_entry(path: Optional[Path] = None, device: str = "cpu") -> Optional[dict]:
+    """This machine's valid cached entry, or None."""
+    entry = read_cache(path).get(machine_key(device))
+    if isinstance(entry, dict) and valid_row(entry.get("cpu")):
+        return entry
+    return None
+
+
+def with_cpu_row(row: dict) -> dict:
+    """A full table: ``row`` for the CPU, the built-in CUDA row."""
+    return {**BUILTIN, "cpu": valid_row(row) or BUILTIN["cpu"]}
+
+
+def mode() -> str:
+    """What :func:`active` draws on, "builtin" or "cached": ``MGRIT_GRU_CALIBRATION``
+    (default "cached")."""
+    value = os.environ.get(ENV, "").strip().lower() or "cached"
+    if value in ("builtin", "cached"):
+        return value
+    raise ValueError(f"{ENV}={value!r}: give builtin or cached (or leave it unset)")
+
+
+def active() -> Active:
+    """The table in use and its origin (reads the cache once, at the first call)."""
+    global _cached
+    if _pinned is not None:
+        return _pinned
+    if mode() == "builtin":
+        return _BUILTIN_ACTIVE
+    if _cached is None:
+        path = cache_path()
+        entry = cached_entry(path)
+        _cached = (
+            Active(with_cpu_row(entry["cpu"]), "cached", entry, str(path))
+            if entry
+            else _BUILTIN_ACTIVE
+        )
+    return _cached
+
+
+def table() -> dict:
+    """The table in use: device kind -> step kind -> (o, c)."""
+    return active().table
+
+
+class use:
+    """Pin ``table`` (a full table, or a CPU row ``{kind: (o, c)}``; None: :data:`BUILTIN`)
+    for the process; as a ``with`` block, only inside it. ``entry``: what :func:`active`
+    reports of it (a cached entry, or ``{"described": "text"}``)."""
+
+    def __init__(self, table: Optional[dict] = None, entry: Optional[dict] = None) -> None:
+        global _pinned
+        table = BUILTIN if table is None else table
+        if "cpu" not in table:
+            if valid_row(table) is None:
+                raise ValueError(f"cost.use: not a table of {KINDS} -> (o >= 0, c > 0)")
+            table = with_cpu_row(table)
+        self._old = _pinned
+        origin = "builtin" if table is BUILTIN and entry is None else "pinned"
+        _pinned = Active(table, origin, entry)
+
+    def __enter__(self) -> Active:
+        return _pinned
+
+    def __exit__(self, *exc) -> None:
+        global _pinned
+        _pinned = self._old
+
+
+def reload() -> None:
+    """Forget the cache as read: the next use reads it again (after a new calibration)."""
+    global _cached
+    _cached = None
+
+
+def reset() -> None:
+    """Forget any pinned table and the cache as read."""
+    global _pinned
+    _pinned = None
+    reload()
 
 
 def _kind(device: str) -> str:
     kind = str(device).split(":")[0]
-    return kind if kind in CALIBRATION else "cpu"
+    return kind if kind in BUILTIN else "cpu"
 
 
 def step_us(kind: str, rows: int, hidden: int, device: str = "cpu") -> float:
     """Modelled time of one step of ``kind`` over ``rows`` states."""
-    o, c = CALIBRATION[_kind(device)][kind]
+    o, c = table()[_kind(device)][kind]
     return o + c * rows * (hidden / 64) ** H_EXPONENT
 
 
 def overhead_rows(hidden: int, device: str = "cpu", kind: str = "step") -> float:
     """``o / c``: the rows whose arithmetic costs as much as one step's overhead."""
-    o, c = CALIBRATION[_kind(device)][kind]
+    o, c = table()[_kind(device)][kind]
     return o / (c * (hidden / 64) ** H_EXPONENT)
 
 
 class Meter:
-    """Adds up the modelled cost of the steps a solve runs (its propagators report to it)."""
+    """Adds up the modelled cost of the steps a solve runs (its propagators report to it);
+    the table is the one in use when the meter is made."""
 
     def __init__(self, hidden: int, device: str = "cpu") -> None:
         self.hidden, self.device = hidden, device
         self.spent = 0.0
+        self._costs = table()[_kind(device)]
+        self._scale = (hidden / 64) ** H_EXPONENT
 
     def add(self, kind: str, rows: int, calls: int = 1) -> None:
-        self.spent += calls * step_us(kind, rows, self.hidden, self.device)
+        o, c = self._costs[kind]
+        self.spent += calls * (o + c * rows * self._scale)
 
 
 def serial_us(kind: str, steps: int, batch: int, hidden: int, device: str = "cpu") -> float:

@@ -11,10 +11,12 @@ same way with the rank order reversed. Weight gradients are summed over the grou
 
 from __future__ import annotations
 
+import atexit
 import functools
+import importlib
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Optional, Union
@@ -24,6 +26,22 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .core.cycle import LocalComm
+
+
+def _import_group_capturers() -> None:
+    """Import the torch modules that bind the default process group into their functions'
+    default arguments (``group=group.WORLD``) while none exists. Imported after
+    ``init_process_group`` (torch._dynamo imports them at a program's first optimizer), they
+    keep the group alive: ``destroy_process_group`` cannot free it, and its gloo threads run on
+    into the interpreter's exit, where they can abort the process."""
+    for name in ("torch.distributed.nn", "torch.distributed._shard.sharded_tensor"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # a torch without them: nothing to hold the group
+            pass
+
+
+_import_group_capturers()
 
 
 def chunk_spans(steps: int, ranks: int, cfactor: int) -> list[tuple[int, int]]:
@@ -169,13 +187,14 @@ class TimeContext:
         cls,
         group: TimeGroup,
         local_steps: int,
-        cfactor: int,
+        cfactor: Union[int, Callable[[int], int]],
         config: str = "",
         params: Iterable[Tensor] = (),
         lengths: Optional[Tensor] = None,
         device: Union[str, torch.device] = "cpu",
     ) -> TimeContext:
-        """Global T from every rank's slice length, checked against the chunk-aligned split;
+        """Global T from every rank's slice length, checked against the chunk-aligned split
+        for ``cfactor`` (an int, or a function of global T: every rank derives the same);
         the ranks' ``config`` text, parameters and sequence ``lengths`` must agree too (else a
         ValueError)."""
         params = list(params)
@@ -217,6 +236,8 @@ class TimeContext:
                 )
         counts = torch.tensor([int(t[0]) for t in table])
         steps = int(counts.sum())
+        if callable(cfactor):
+            cfactor = cfactor(steps)
         expected = time_slices(steps, group.size, cfactor)
         got = [int(c) for c in counts]
         if got != [t1 - t0 for t0, t1 in expected]:
@@ -340,10 +361,41 @@ class TimeComm(LocalComm):
             dist.send(value.contiguous(), nxt, group=self.tg.group)
 
 
-def scatter_time(x: Tensor, tg: TimeGroup, cfactor: int, dim: int = 0) -> Tensor:
-    """This rank's slice of a full sequence ``x`` (every rank holds x; no communication)."""
+def chunk_length(cfactor, steps: int, batch: int) -> int:
+    """``cfactor`` as an int: itself, or for a :class:`mgrit_gru.GRU` with ``time_group=``
+    the chunk length it uses for ``steps`` global time steps and ``batch`` sequences (its
+    ``cfactor="auto"`` resolved from the global shape, as on every rank)."""
+    if isinstance(cfactor, int):
+        return cfactor
+    return cfactor.time_cfactor(steps, batch)
+
+
+def scatter_time(x: Tensor, tg: TimeGroup, cfactor, dim: int = 0) -> Tensor:
+    """This rank's slice of a full sequence ``x`` (every rank holds x; no communication).
+    ``cfactor``: the chunk length, or the :class:`mgrit_gru.GRU` that will solve the slices
+    (its chunk length for ``x``'s shape: :func:`chunk_length`)."""
+    cfactor = chunk_length(cfactor, x.shape[dim], _batch_of(x, dim))
     t0, t1 = time_slices(x.shape[dim], tg.size, cfactor)[tg.rank]
     return x.narrow(dim, t0, t1 - t0)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """A differentiable SUM all-reduce: every rank's sum depends on every rank's input, so
+    the gradient is the SUM all-reduce of the sums' gradients (in place of the deprecated
+    ``torch.distributed.nn.functional.all_reduce``)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: Optional[dist.ProcessGroup]) -> Tensor:
+        ctx.group = group
+        out = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
 
 
 def time_mean(
@@ -353,8 +405,6 @@ def time_mean(
     first; this rank's slice of a sequence of ``steps``), over each sequence's own
     ``lengths`` if given: a local sum, then a differentiable all-reduce (every rank gets the
     mean and its slice the mean's full gradient)."""
-    from torch.distributed.nn.functional import all_reduce
-
     t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
     if lengths is None:
         total, count = y.sum(1), y.new_tensor(float(steps))
@@ -362,11 +412,57 @@ def time_mean(
         t = torch.arange(t0, t0 + y.shape[1], device=y.device)
         valid = (t[None, :] < lengths.to(y.device)[:, None]).to(y.dtype)
         total, count = (y * valid.unsqueeze(-1)).sum(1), lengths.to(y.device, y.dtype)[:, None]
-    return all_reduce(total, group=tg.group) / count
+    return _SumOverRanks.apply(total, tg.group) / count
 
 
-def gather_time(y: Tensor, tg: TimeGroup, steps: int, cfactor: int, dim: int = 0) -> Tensor:
-    """The full sequence from every rank's slice ``y`` (an all-gather; for checks and output)."""
+def time_max(
+    y: Tensor, tg: TimeGroup, steps: int, cfactor: int, lengths: Optional[Tensor] = None
+) -> Tensor:
+    """The max over all ranks' time steps of the outputs ``y`` ``(B, T_local, F)`` (batch
+    first), over each sequence's own ``lengths`` if given: every rank gets the max, and its
+    gradient (summed over the ranks, as :func:`time_mean`'s) flows to the rank and step that
+    hold it, as ``amax`` in one process (a value held by two ranks passes it to both)."""
+    if lengths is not None:
+        t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
+        t = torch.arange(t0, t0 + y.shape[1], device=y.device)
+        valid = t[None, :] < lengths.to(y.device)[:, None]
+        y = y.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+    return _MaxOverRanks.apply(y.amax(1), tg.group)
+
+
+class _MaxOverRanks(torch.autograd.Function):
+    """The elementwise max of every rank's tensor. As for a sum over ranks (every rank's loss
+    counts: the objective is their sum), the backward sums the incoming gradients over the
+    ranks, and the rank that holds a maximum takes its gradient."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor, group) -> Tensor:
+        best = local.detach().clone()
+        dist.all_reduce(best, op=dist.ReduceOp.MAX, group=group)
+        ctx.save_for_backward(local == best)
+        ctx.group = group
+        return best
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (here,) = ctx.saved_tensors
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)
+        return total * here, None
+
+
+def _batch_of(x: Tensor, dim: int) -> int:
+    """The batch size of a sequence tensor ``x`` whose time axis is ``dim`` (the other of
+    the first two axes; 1 for an unbatched sequence)."""
+    if x.dim() < 3:
+        return 1
+    return x.shape[0] if dim == 1 else x.shape[1]
+
+
+def gather_time(y: Tensor, tg: TimeGroup, steps: int, cfactor, dim: int = 0) -> Tensor:
+    """The full sequence from every rank's slice ``y`` (an all-gather; for checks and output).
+    ``cfactor`` as for :func:`scatter_time`."""
+    cfactor = chunk_length(cfactor, steps, _batch_of(y, dim))
     slices = time_slices(steps, tg.size, cfactor)
     width = max(t1 - t0 for t0, t1 in slices)
     y = y.movedim(dim, 0)
@@ -397,4 +493,14 @@ def init_time_parallel(timeout_s: float = 60.0, backend: Optional[str] = None) -
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        atexit.register(_destroy_at_exit)
     return TimeGroup()
+
+
+def _destroy_at_exit() -> None:
+    """Destroy the process group that :func:`init_time_parallel` made, while the interpreter
+    is whole: its backend's threads, left running into the interpreter's exit, can abort the
+    process. No barrier: destroying is local, and a rank that exits on an error must not wait
+    for the others."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -145,6 +145,16 @@ class GRU(nn.Module):
         self._choice.load_state_dict(state.get("auto", {}))
         self._divergence.load_state_dict(state.get("backoff", {}))
 
+    def time_cfactor(self, steps: int, batch: int) -> int:
+        """The chunk length of a time-parallel call with ``steps`` global time steps and
+        ``batch`` sequences (``cfactor="auto"`` resolved from the global shape and the time
+        group's size, as on every rank); :func:`mgrit_gru.distributed.scatter_time` takes
+        the module in its place."""
+        ranks = 1 if self.time_group is None else self.time_group.size
+        device = self.weight_ih_l0.device.type
+        opts = self._mgrit_options()
+        return opts.resolve(steps, batch, self.hidden_size, device, ranks).cfactor
+
     def _mgrit_options(self) -> MGRIT:
         return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
 
@@ -289,24 +299,21 @@ class GRU(nn.Module):
             raise ValueError(f"GRU: lengths must have shape ({B},), got {tuple(lengths.shape)}")
         return lengths.to("cpu", torch.long)
 
-    def _time_context(self, steps: int, lengths: Optional[Tensor], device):
+    def _time_context(self, steps: int, batch: int, lengths: Optional[Tensor], device):
         """The time-parallel view of this call (None without ``time_group``); a collective
-        check that the ranks agree on the model, the options and the lengths."""
+        check that the ranks agree on the model, the options and the lengths. The chunk
+        length comes from the global shape (``cfactor="auto"``: the same on every rank)."""
         if self.time_group is None:
             return None
         from .distributed import TimeContext
 
         opts = self._mgrit_options()
-        if opts.cfactor == "auto":
-            raise ValueError(
-                "GRU: time_group= needs an integer cfactor (the ranks' slices are aligned to "
-                "it), not cfactor='auto': pass solver=mgrit_gru.MGRIT(cfactor=32) or another"
-            )
         config = f"{opts!r} {self.cell} {self.extra_repr()}"
+        size = self.time_group.size
         return TimeContext.for_slice(
             self.time_group,
             steps,
-            opts.cfactor,
+            lambda total: opts.resolve(total, batch, self.hidden_size, device.type, size).cfactor,
             config,
             self.parameters(),
             lengths,
@@ -350,7 +357,7 @@ class GRU(nn.Module):
         x, hx, batched = self._check_input(input, hx)
         T, B = x.shape[:2]
         lengths = self._check_lengths(lengths, B, batched)
-        tg = self._time_context(T, lengths, x.device)
+        tg = self._time_context(T, B, lengths, x.device)
         t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
         if lengths is not None and (lengths.min() < 1 or lengths.max() > steps):
             raise ValueError(
@@ -390,13 +397,22 @@ class GRU(nn.Module):
         B = x.shape[1]
         if hx is None:
             hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
-        solver = self._mgrit_options().resolve(x.shape[0], B, self.hidden_size, x.device.type)
+        solver = self._mgrit_options()
+        if tg is None:
+            solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
+        else:  # the chunk length the ranks' slices are aligned to
+            solver = solver.replace(cfactor=tg.cfactor)
         if isinstance(self.solver, Auto) and tg is None:
             control = self._choice  # time-parallel ranks run MGRIT: their meters differ
         else:
             control = self._divergence if solver.on_divergence == "backoff" else None
         record = RunStats()
-        self.last_stats = record
+        if self.last_stats is not None and _in_backward():
+            # a checkpoint's recomputation (torch.utils.checkpoint): the adjoint solves of this
+            # call (non-reentrant: the first call's ctx; reentrant: this one's) join last_stats
+            record.backward = self.last_stats.backward
+        else:
+            self.last_stats = record
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):
@@ -493,6 +509,13 @@ def unrolled_layer(x, h0, weights, cell, solver, record, where, mask):
         )
     )  # fmt: skip
     return y, h_n
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a forward called here is a
+    checkpoint's recomputation)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
 
 
 def _all_finite(t: Tensor) -> bool:

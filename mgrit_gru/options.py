@@ -38,10 +38,12 @@ def _check_int(owner: str, field: str, value: object, low: int, alternative: str
 
 
 def _check_tol(field: str, value: object) -> None:
+    if value == "auto":
+        return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad("MGRIT", field, value, "expected a finite number >= 0")
+        raise _bad("MGRIT", field, value, "expected a finite number >= 0 or 'auto'")
     if not math.isfinite(value) or value < 0:
-        raise _bad("MGRIT", field, value, "expected a finite number >= 0")
+        raise _bad("MGRIT", field, value, "expected a finite number >= 0 or 'auto'")
 
 
 def _check_relax(owner: str, name: str, value: object) -> None:
@@ -159,25 +161,56 @@ class Budget:
             raise _bad("Budget", "clamp", self.clamp, "expected True or False")
 
 
+# The default tolerance in 32-bit arithmetic (float32 solves, and float16/bfloat16 models,
+# which solve in float32); float64 solves default to their rounding floor. The default cycle
+# cap: 10 cycles for those 5 digits, 2 per digit for a tighter tolerance.
+AUTO_TOL = 1e-5
+AUTO_DIGITS = 5
+AUTO_CYCLES_PER_DIGIT = 2
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """One solve's stopping rule (:meth:`MGRIT.stopping`): the tolerance on the relative
+    residual (0: none, run ``max_iters`` cycles), the cycle cap, the rounding floor (0: not
+    judged) and, where a tolerance below the floor was raised to it, the one ``asked``."""
+
+    tol: float
+    max_iters: int
+    floor: float
+    asked: Optional[float] = None
+
+
 @dataclass(frozen=True)
 class MGRIT:
     """Options of the multigrid-reduction-in-time solve of one GRU layer.
 
     Args:
         cfactor: coarsening factor m: level l keeps every m-th point of level l-1 (>= 2), or
-            ``"auto"``: chosen per call from T, batch, hidden size and device by
-            :func:`auto_cfactor`.
+            ``"auto"``: chosen per call from T, batch, hidden size, device and the number of
+            time-parallel ranks by :func:`auto_cfactor`.
         levels: number of time grids (1 = the exact serial solve), or ``"auto"``: coarsen
             until the coarsest grid has at most ``cfactor`` intervals.
         relax: ``"F"`` (F-relaxation), ``"FCF"`` (F, then C, then F), ``"FCFCF"``, ...: more
             C-F sweeps converge in fewer cycles at a higher cost per cycle.
         coarse: the coarse correction: ``"implicit"`` (:class:`Implicit`), ``"frozen"``
             (:class:`Frozen`), ``"secant"`` (:class:`Secant`), or one of those objects.
-        tol: forward stopping tolerance on the largest absolute C-point residual (the
-            hidden state lives in (-1, 1), so this is an absolute state error scale).
-        max_iters: cap on forward V-cycles (0 = no cycle: one relaxation sweep only).
-        backward_tol: adjoint tolerance, relative to the largest incoming gradient
-            (dL/dy, dL/dh_n). ``None``: same as ``tol``.
+        tol: forward stopping tolerance on the relative residual: the largest C-point
+            residual divided by the solution's size there (its largest absolute value; a
+            GRU state lies in (-1, 1), so for the forward this is close to an absolute
+            error). ``"auto"``: ``AUTO_TOL`` (1e-5) in 32-bit arithmetic, the rounding floor
+            in float64 (as exact as the dtype allows). A tolerance below the floor of the
+            arithmetic that runs (``mgrit_gru.core.stopping.floor``: float32 about 3e-6 at
+            32-step chunks; TF32 and bfloat16 matrix products far more) is raised to it with
+            one warning naming both; a residual that stops falling near the floor ends the
+            solve as converged to precision (``SolveStats.at_floor``). 0: no tolerance (run
+            ``max_iters`` cycles).
+        max_iters: cap on forward V-cycles (0 = no cycle: one relaxation sweep only), or
+            ``"auto"``: 10 for a tolerance of 1e-5, in proportion to the digits for a tighter
+            one (``AUTO_CYCLES_PER_DIGIT``).
+        backward_tol: the adjoint's tolerance, with the same meaning (its solution is the
+            adjoint state dL/dh_t, which sums the incoming gradients over the network's
+            memory). ``None``: same as ``tol``.
         backward_max_iters: cap on adjoint V-cycles. ``None``: same as ``max_iters``.
         guard: when a solve is abandoned before its cap (:class:`Guard`): no progress for a
             few cycles, or a predicted cost above the serial solve's.
@@ -208,10 +241,10 @@ class MGRIT:
     levels: Union[int, Literal["auto"]] = "auto"
     relax: str = "FCF"
     coarse: Union[str, Coarse] = "secant"
-    tol: float = 1e-5
-    max_iters: int = 10
-    backward_tol: Optional[float] = None
-    backward_max_iters: Optional[int] = None
+    tol: Union[float, Literal["auto"]] = "auto"
+    max_iters: Union[int, Literal["auto"]] = "auto"
+    backward_tol: Union[float, Literal["auto"], None] = None
+    backward_max_iters: Union[int, Literal["auto"], None] = None
     guard: Guard = field(default_factory=Guard)
     on_divergence: Literal["fallback", "backoff", "raise"] = "fallback"
     on_unconverged: Literal["fallback", "warn", "raise"] = "fallback"
@@ -237,11 +270,12 @@ class MGRIT:
                 f"choose one of {COARSE_CHOICES} or Implicit(...), Frozen(), Secant(...)",
             )
         _check_tol("tol", self.tol)
-        _check_int("MGRIT", "max_iters", self.max_iters, 0)
+        if self.max_iters != "auto":
+            _check_int("MGRIT", "max_iters", self.max_iters, 0, " or 'auto'")
         if self.backward_tol is not None:
             _check_tol("backward_tol", self.backward_tol)
-        if self.backward_max_iters is not None:
-            _check_int("MGRIT", "backward_max_iters", self.backward_max_iters, 0)
+        if self.backward_max_iters not in (None, "auto"):
+            _check_int("MGRIT", "backward_max_iters", self.backward_max_iters, 0, " or 'auto'")
         if not isinstance(self.guard, Guard):
             raise _bad("MGRIT", "guard", self.guard, "expected a mgrit_gru.Guard(...)")
         if self.on_divergence not in ON_DIVERGENCE_CHOICES:
@@ -273,25 +307,27 @@ class MGRIT:
     def is_serial(self) -> bool:
         return self.levels == 1
 
-    @property
-    def bwd_tol(self) -> float:
+    def stopping(self, pass_: str, roundoff: float, floor: float) -> Stopping:
+        """The stopping rule of one ``pass_`` ("forward" or "backward") in arithmetic of
+        machine epsilon ``roundoff`` whose relative residual cannot get below ``floor``
+        (:mod:`mgrit_gru.core.stopping`)."""
         if self.budget is not None:
-            return 0.0
-        return self.tol if self.backward_tol is None else self.backward_tol
-
-    @property
-    def fwd_tol(self) -> float:
-        return 0.0 if self.budget is not None else self.tol
-
-    @property
-    def fwd_max_iters(self) -> int:
-        return self.max_iters if self.budget is None else self.budget.forward
-
-    @property
-    def bwd_max_iters(self) -> int:
-        if self.budget is not None:
-            return self.budget.backward
-        return self.max_iters if self.backward_max_iters is None else self.backward_max_iters
+            cycles = self.budget.forward if pass_ == "forward" else self.budget.backward
+            return Stopping(0.0, cycles, 0.0)
+        tol, cap = self.tol, self.max_iters
+        if pass_ != "forward":
+            tol = tol if self.backward_tol is None else self.backward_tol
+            cap = cap if self.backward_max_iters is None else self.backward_max_iters
+        asked = None
+        if tol == "auto":
+            tol = AUTO_TOL if roundoff > 1e-10 else 0.0
+            tol = max(tol, floor)
+        elif 0.0 < tol < floor:
+            asked, tol = tol, floor
+        if cap == "auto":
+            digits = -math.log10(tol) if tol > 0.0 else 2 * AUTO_DIGITS
+            cap = math.ceil(AUTO_CYCLES_PER_DIGIT * max(digits, AUTO_DIGITS))
+        return Stopping(float(tol), int(cap), floor if tol > 0.0 else 0.0, asked)
 
     @property
     def bwd_relax(self) -> str:
@@ -299,11 +335,14 @@ class MGRIT:
             return self.budget.backward_relax
         return self.relax
 
-    def resolve(self, steps: int, batch: int, hidden: int, device: str = "cpu") -> MGRIT:
-        """These options for one call: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
+    def resolve(
+        self, steps: int, batch: int, hidden: int, device: str = "cpu", ranks: int = 1
+    ) -> MGRIT:
+        """These options for one call of ``steps`` (global) time steps over ``ranks``
+        time-parallel ranks: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
         if self.cfactor != "auto":
             return self
-        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self))
+        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self, ranks))
 
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""
@@ -364,8 +403,8 @@ class Auto:
             object.__setattr__(self, "mgrit", replace(self.mgrit, guard=guard))
 
 
-# The cost model of cfactor="auto" (README, "Automatic settings"). A pass's time is dominated
-# by the relaxation sweeps: sequential batched steps over the T/m chunks' B rows at once,
+# The cost model of cfactor="auto" (docs/design.md, "The automatic choices"). A pass's time is
+# dominated by the relaxation sweeps: sequential batched steps over the T/m chunks' B rows at once,
 # each costing o + c per row (mgrit_gru.cost). FCF's first sweep takes m - 1 steps; with early
 # exit its second stops after about EXIT_STEPS (where an untrained GRU has forgotten its
 # chunk's start to tol 1e-5, measured), so a pass costs about (m - 1 + EXIT_STEPS)(o + c T B /
@@ -380,7 +419,12 @@ MIN_CFACTOR, MAX_CFACTOR = 32, 512
 
 
 def auto_cfactor(
-    steps: int, batch: int, hidden: int, device: str = "cpu", options: Optional[MGRIT] = None
+    steps: int,
+    batch: int,
+    hidden: int,
+    device: str = "cpu",
+    options: Optional[MGRIT] = None,
+    ranks: int = 1,
 ) -> int:
     """The chunk length m for ``cfactor="auto"``: the power of two at or below
     ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows`` the step overhead in rows of
@@ -388,7 +432,20 @@ def auto_cfactor(
     (ROWS_PER_STEP[device] * 64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]. Rounding
     down: a trained network needs cycles, each a full sweep of its chunks, which the random-
     init model behind the square root does not count; the trained-model benchmark favoured
-    the shorter of the two neighbours (README, "Trained networks")."""
+    the shorter of the two neighbours (docs/measurements.md, "Trained networks").
+
+    With ``ranks`` time-parallel ranks each holds about ``steps / ranks`` of the sequence and
+    sweeps only its own chunks: the rule takes that share, and halves the result until there
+    are at least as many chunks as ranks. Every rank derives the same value from the global
+    shape."""
+    steps_here = -(-steps // max(ranks, 1))
+    m = _auto_cfactor(steps_here, batch, hidden, device, options)
+    while m > 2 and -(-steps // m) < ranks:
+        m //= 2
+    return m
+
+
+def _auto_cfactor(steps, batch, hidden, device, options) -> int:
     early_exit = True if options is None else options.early_exit
     kind = str(device).split(":")[0]
     if kind not in ROWS_PER_STEP:

@@ -16,10 +16,15 @@ class SolveStats:
         steps: sequence length T.
         levels: time grids of the solve that gave the result (1 = serial).
         iterations: V-cycles MGRIT ran (also when it then fell back).
-        residuals: largest absolute C-point residual after each relaxation (forward: absolute;
-            backward: relative to the largest incoming gradient). Empty for a serial solve.
-        converged: the result meets the tolerance: MGRIT converged, or the result is the
-            serial solve's (exact). False for a fixed budget or a kept unconverged result.
+        residuals: the relative residual after each relaxation: the largest C-point
+            residual divided by the size of the solution there (the forward's hidden states,
+            the adjoint's dL/dh_t). Empty for a serial solve.
+        converged: the result meets the tolerance: MGRIT converged (to ``tol``, or to
+            precision: ``at_floor``), or the result is the serial solve's (exact). False for
+            a fixed budget or a kept unconverged result.
+        at_floor: MGRIT converged to precision: its residual stopped falling within reach of
+            the rounding floor of the arithmetic that ran, above ``tol`` (no further cycle
+            can make it smaller).
         fell_back: the result came from the serial solve although MGRIT was asked for
             (after MGRIT stopped, or without trying it: ``skipped``).
         skipped: MGRIT was not tried at all; ``reason`` says why (backoff after divergences,
@@ -41,6 +46,7 @@ class SolveStats:
     converged: bool
     fell_back: bool
     skipped: bool = False
+    at_floor: bool = False
     stopped: Optional[str] = None
     reason: Optional[str] = None
     cost: float = 0.0
@@ -105,6 +111,9 @@ class RunStats:
         text = f"fwd it={self.forward_iterations} res={self.forward_residual:.1e}"
         if self.backward:
             text += f" | bwd it={self.backward_iterations} res={self.backward_residual:.1e}"
+        floor = sum(s.at_floor for s in self.solves)
+        if floor:
+            text += f" | {floor} converged to precision"
         reasons = sorted({s.reason for s in self.solves if s.reason})
         stops = sorted({s.stopped for s in self.solves if s.fell_back and s.stopped})
         if reasons:

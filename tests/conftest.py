@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import mgrit_gru
+
+# The cost model's built-in table, whatever this machine has calibrated (mgrit-gru calibrate):
+# decisions under test are the same on every machine. Subprocesses inherit it.
+os.environ["MGRIT_GRU_CALIBRATION"] = "builtin"
 
 
 @pytest.fixture(autouse=True)

@@ -259,7 +259,6 @@ def test_eval_and_compare(tmp_path, capsys):
         (["train", *flags({**SMALL, "batch_size": 1000})], "--batch-size 1000 is larger than"),
         (["train", "--hidden", "0"], "--hidden must be a positive integer"),
         (["train", "--cfactor", "1"], "invalid cfactor=1"),
-        (["train", "--cfactor", "auto", "--time-parallel", "2"], "needs an integer --cfactor"),
         (["eval", "/no/such/run"], "is not a run folder"),
     ],
 )

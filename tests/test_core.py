@@ -7,6 +7,7 @@ import torch
 
 from mgrit_gru.core import Grid, build_grids, flat_points, pad_steps, solve
 from mgrit_gru.core.grid import chunk_view, to_chunks
+from mgrit_gru.core.stopping import StopTest
 
 
 class Scalar:
@@ -109,7 +110,13 @@ def test_convergence_factor_bound_on_linear_decay():
         ops.append(Scalar(gr, a if i == 0 else 1.0 / (1.0 + lam * dt)))
         dts = dt.view(gr.n, gr.m).sum(1)
     r = solve(
-        grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax="FCF", tol=1e-14, max_iters=30
+        grids,
+        ops,
+        torch.ones(1),
+        to_chunks(f, grids[0]),
+        relax="FCF",
+        stop=StopTest(1e-14),
+        max_iters=30,
     )
     hist = r.residuals
     assert r.converged and len(hist) >= 3
@@ -139,9 +146,9 @@ def _true_residual(a, f, u):
 def test_early_exit_keeps_merged_chunks_and_its_residual_counts(relax):
     """A contractive problem forgets a chunk's start within a few steps, so a sweep that
     follows another (FCF's second; F's after a coarse correction) exits early. The
-    trajectory's true residual at every step, the exit's included, then stays within tol,
-    the solution within tol / (1 - a) of the exact one, and the solve took fewer fine steps
-    than without the exit."""
+    trajectory's true residual at every step, the exit's included, then stays within tol
+    (relative to the solution's size), the solution within tol / (1 - a) of the exact one,
+    and the solve took fewer fine steps than without the exit."""
     T, m, tol = 640, 32, 1e-9
     a = torch.full((T,), 0.25)
     f = torch.randn(T, 1)
@@ -152,13 +159,14 @@ def test_early_exit_keeps_merged_chunks_and_its_residual_counts(relax):
         ops = scalar_ops(grids, a, lambda p: p.sqrt())  # a poor coarse propagator
         ops[0] = Counting(ops[0])
         r = solve(
-            grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax=relax, tol=tol,
+            grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax=relax, stop=StopTest(tol),
             max_iters=8, early_exit=early_exit,
         )  # fmt: skip
         assert r.converged and not r.diverged
         u = flat_points(r.u, r.uend)
-        assert _true_residual(a, f, u) <= tol
-        assert (u - exact).abs().max().item() <= 2 * tol
+        size = u.abs().max().item()  # the tolerance is relative to the solution's size
+        assert _true_residual(a, f, u) <= tol * size
+        assert (u - exact).abs().max().item() <= 2 * tol * size
         steps.append(ops[0].steps)
         results.append(r)
     assert steps[1] <= steps[0] - 10
@@ -178,7 +186,7 @@ def test_early_exit_without_merging_changes_nothing():
     for early_exit in (False, True):
         ops = scalar_ops(grids, a, lambda p: 0.5 * p)
         r = solve(
-            grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax="FCF", tol=1e-12,
+            grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax="FCF", stop=StopTest(1e-12),
             max_iters=4, early_exit=early_exit,
         )  # fmt: skip
         runs.append(r)
@@ -276,9 +284,10 @@ def test_lagged_early_exit_keeps_every_residual_within_tol(monkeypatch, relax):
     ops = scalar_ops(grids, a, lambda p: p.sqrt())
     ops[0] = Counting(ops[0])
     r = solve(
-        grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax=relax, tol=tol,
+        grids, ops, torch.ones(1), to_chunks(f, grids[0]), relax=relax, stop=StopTest(tol),
         max_iters=8, early_exit=True,
     )  # fmt: skip
-    assert r.converged and _true_residual(a, f, flat_points(r.u, r.uend)) <= tol
+    u = flat_points(r.u, r.uend)
+    assert r.converged and _true_residual(a, f, u) <= tol * u.abs().max().item()
     full = (len(r.residuals) * (1 + cycle.cf_sweeps(relax))) * (m - 1) * grids[0].n
     assert ops[0].steps < full / grids[0].n

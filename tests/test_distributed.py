@@ -13,7 +13,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mgrit_gru
-from mgrit_gru.distributed import TimeGroup, gather_time, scatter_time, time_slices
+from mgrit_gru.distributed import (
+    TimeGroup,
+    gather_time,
+    scatter_time,
+    time_max,
+    time_mean,
+    time_slices,
+)
 
 CASES = [
     # (T, layers, bidirectional, variable lengths, MGRIT options)
@@ -85,7 +92,7 @@ def _worker(rank: int, size: int, port: int) -> None:
             lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
             ref = _grads(single, x, h0, wy, wh, 1.0, lengths)
             y_r, hn_r, dx_r, dh0_r, dp_r = ref
-            if options.tol <= 1e-12 or options.num_levels(T) == 1:  # and torch.nn.GRU itself
+            if opts.get("tol", 1.0) <= 1e-12 or options.num_levels(T) == 1:  # and torch.nn.GRU
                 cudnn = torch.nn.GRU(3, 5, **kw)
                 cudnn.load_state_dict(single.state_dict())
                 for a, b in zip(ref, _grads(cudnn, x, h0, wy, wh, 1.0, lengths)):
@@ -120,8 +127,45 @@ def _worker(rank: int, size: int, port: int) -> None:
                 assert len(a.residuals) == len(b.residuals)
                 for ra, rb in zip(a.residuals, b.residuals):
                     assert abs(ra - rb) <= 1e-9 * max(ra, 1e-300) + 1e-14, (a, b)
+        _pooled_heads_and_auto_cfactor(replicated)
     finally:
         dist.destroy_process_group()
+
+
+def _pooled_heads_and_auto_cfactor(tg) -> None:
+    """The default options (cfactor "auto", derived by every rank from the global shape) and
+    heads on the mean / max over every rank's steps (a loss every rank computes from global
+    values counts once per rank: divided by the group's size): gradients equal to one
+    process's mean / amax, with and without lengths."""
+    torch.manual_seed(0)
+    single = mgrit_gru.GRU(3, 5, batch_first=True, solver="serial")
+    multi = mgrit_gru.GRU(3, 5, batch_first=True, solver=mgrit_gru.MGRIT(), time_group=tg)
+    multi.load_state_dict(single.state_dict())
+    T, B = 301, 3
+    x, w = torch.randn(B, T, 3), torch.randn(5)
+    m = multi.time_cfactor(T, B)
+    assert m == mgrit_gru.MGRIT().resolve(T, B, 5, ranks=tg.size).cfactor
+    for lengths in (None, torch.tensor([T, 200, 7])):
+        for pool in ("mean", "max"):
+            xs = x.clone().requires_grad_()
+            y, _ = single(xs)
+            if lengths is not None:
+                valid = (torch.arange(T)[None, :] < lengths[:, None]).unsqueeze(-1)
+                y = y.masked_fill(~valid, float("-inf")) if pool == "max" else y * valid
+            ref = (
+                y.amax(1)
+                if pool == "max"
+                else y.sum(1) / (T if lengths is None else lengths[:, None])
+            )
+            (ref @ w).sum().backward()
+            xl = scatter_time(x, tg, multi, dim=1).clone().requires_grad_()
+            y, _ = multi(xl, lengths=lengths)
+            reduce = time_max if pool == "max" else time_mean
+            got = reduce(y, tg, T, m, lengths)
+            assert (got - ref).abs().max() < 1e-10
+            ((got @ w).sum() / tg.size).backward()
+            dx = gather_time(xl.grad, tg, T, multi, dim=1)
+            assert (dx - xs.grad).abs().max() < 1e-10, (pool, lengths)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -152,6 +196,7 @@ def _fault_worker(rank: int, size: int, port: int) -> None:
     with pytest.raises(RuntimeError, match=r"rank 0: .* failed; rank\(s\) \[1\] did not answer"):
         gru(x)
     assert time.monotonic() - start < 30.0
+    dist.destroy_process_group()  # its threads stopped before the interpreter's exit
 
 
 def test_mismatch_and_dead_rank_give_clear_errors():
@@ -176,6 +221,7 @@ def _hang_worker(rank: int, size: int, port: int) -> None:
     with pytest.raises(RuntimeError, match=r"failed; rank\(s\) \[2\] did not answer.*hang"):
         gru(x)[0].sum().backward()
     assert time.monotonic() - start < 8.0  # the 3 s timeout plus the 1 s roll call
+    dist.destroy_process_group()
 
 
 def test_hung_rank_is_named_within_the_timeout():
@@ -199,8 +245,7 @@ def _train_worker(rank: int, size: int, port: int, out: str) -> None:
         bidirectional=True,
         batch_size=16,
         epochs=2,
-        cfactor=8,
-        threads=1,
+        threads=1,  # the defaults otherwise: solver auto, cfactor auto, mean pooling
         time_parallel=size,
     )
     rows = train(cfg, Path(out) / "parallel", progress=False, log=lambda *a: None)
@@ -213,6 +258,22 @@ def _train_worker(rank: int, size: int, port: int, out: str) -> None:
                 assert abs(a[key] - b[key]) < 1e-5, (key, a[key], b[key])
     dist.barrier()
     dist.destroy_process_group()
+    # the group is freed: none of its threads runs on into the interpreter's exit (they could
+    # abort the process there); nothing of the run may hold it, nor torch modules imported
+    # after it (torch._dynamo's, at the first optimizer)
+    assert not _backend_threads(), _backend_threads()
+
+
+def _backend_threads() -> list[str]:
+    """The names of this process's gloo and TCPStore threads (on Linux; elsewhere none)."""
+    names = []
+    for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that has just ended
+            pass
+    return [n for n in names if "gloo" in n or "tcpstore" in n]
 
 
 def test_time_parallel_training_matches_single_process(tmp_path):

@@ -53,8 +53,9 @@ def test_guard_falls_back_to_serial_and_says_so():
 
 def test_guard_waits_for_a_residual_that_grows_then_converges():
     """Trained networks' residuals may grow for a cycle or two before they fall (seen on the
-    trained checkpoints: up to 3 cycles without a new minimum). Here two relaxations grow
-    (4.7e-1, 4.8e-1, 4.9e-1) and the solve then converges: the default patience waits;
+    trained checkpoints: up to 3 cycles without a new minimum). Here the second relaxation's
+    residual grows (5.4e-1, 8.1e-1, 5.5e-1, then 4.6e-1 ...; relative to the states, so the
+    first, from the zero guess, is 1) and the solve then converges: the default patience waits;
     "diverged at the first growth" (patience 1), or the old rule "above the first
     residual", would have abandoned it."""
     torch.manual_seed(3)
@@ -67,7 +68,7 @@ def test_guard_waits_for_a_residual_that_grows_then_converges():
         ours(x)
     stats = ours.last_stats.forward[0]
     h = stats.residuals
-    assert stats.converged and not stats.fell_back and h[2] > h[1] > h[0]
+    assert stats.converged and not stats.fell_back and h[3] > h[1] < h[2]
     impatient = mgrit_gru.MGRIT(**kw, guard=mgrit_gru.Guard(patience=1, cost=False))
     ours.solver = impatient
     with pytest.warns(mgrit_gru.DivergenceWarning):

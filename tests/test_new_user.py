@@ -114,8 +114,9 @@ def test_work_buffers_stay_per_thread():
 
 
 def test_report_keeps_the_value_of_small_numbers(f32, tmp_path):
-    cfg = TrainConfig(**{**SMALL, "epochs": 1})
-    assert main(["train", *flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]) == 0
+    cfg = TrainConfig(**{**SMALL, "epochs": 1, "tol": 1e-5})
+    argv = [*flags({**SMALL, "epochs": 1}), "--tol", "1e-5", "--out", str(tmp_path / "r")]
+    assert main(["train", *argv]) == 0
     report = (tmp_path / "r" / "report.md").read_text()
     assert f"| tol | {cfg.tol!r} |" in report and "| tol | 0.0000 |" not in report
 
@@ -188,9 +189,10 @@ def test_checkpoint_of_random_bytes(f32, tmp_path, capsys):
 
 def test_divergence_raise_is_one_line(f32, tmp_path, capsys):
     argv = [*flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r"), "--no-progress"]
-    # an expanding network: this learning rate blows the weights up within the first steps
+    # a chaotic network: this learning rate blows the weights up within the first steps,
+    # and over 100 chunks its forward solve then makes no progress
     argv += ["--solver", "mgrit", "--no-cost-guard", "--on-divergence", "raise"]
-    argv += ["--lr", "50", "--clip", "0"]
+    argv += ["--lr", "50", "--clip", "0", "--length", "400", "--cfactor", "4"]
     err = _one_line_error(["train", *argv], capsys)
     assert "solve diverged" in err and "Traceback" not in err
 
@@ -373,3 +375,160 @@ def test_ctrl_c_in_compare_says_how_to_continue_it_and_resume_is_exact(
             for run in (tmp_path / "a", out)
         ]
         assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+# -- issue 15: compare's default folder, own data, Ctrl-C in the speed check, stats --------
+
+
+def test_compare_without_out_names_its_folder(tmp_path, monkeypatch):
+    """The README's `compare --dataset acsf1 --batch-size 10 --epochs 30` (no --out) failed
+    at once: its folder name went through a config check that rejected solver "compare"."""
+    from mgrit_gru import cli
+    from mgrit_gru.app.train import default_run_dir
+
+    name = default_run_dir(TrainConfig(dataset="acsf1"), "compare").name
+    assert name.startswith("acsf1-compare-")
+    seen = {}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "_compare_all", lambda args, o, base, out, s: seen.update(out=out))
+    argv = ["compare", "--dataset", "acsf1", "--batch-size", "10", "--epochs", "30"]
+    assert main(argv) == 0
+    assert seen["out"].parent.name == "runs" and seen["out"].name.startswith("acsf1-compare-")
+
+
+def _own_data(tmp_path, **changes) -> str:
+    rng = np.random.default_rng(0)
+    arrays = dict(
+        x_train=rng.normal(size=(12, 6, 2)),
+        y_train=np.array([0, 1, 2] * 4),
+        x_test=rng.normal(size=(6, 6, 2)),
+        y_test=np.array([0, 1, 2] * 2),
+    )
+    arrays.update(changes)
+    np.savez(tmp_path / "own.npz", **{k: v for k, v in arrays.items() if v is not None})
+    return f"npz:{tmp_path / 'own.npz'}"
+
+
+def test_npz_sparse_labels_become_classes_0_to_k(f32, tmp_path):
+    """Labels {0, 1e6, 2e6} made a 2,000,001-class head; now 3 classes, the labels kept in
+    the data set's meta, its description and the checkpoint."""
+    from mgrit_gru.app import datasets
+
+    values = np.array([2_000_000, 0, 1_000_000])
+    name = _own_data(tmp_path, y_train=np.tile(values, 4), y_test=np.tile(values, 2))
+    data = datasets.load(name)
+    assert data.num_classes == 3 and data.meta["label_values"] == [0, 1_000_000, 2_000_000]
+    assert data.y_train[:3].tolist() == [2, 0, 1]
+    assert "labels 0, 1000000, 2000000 as classes 0..2" in data.describe()
+    cfg = TrainConfig(dataset=name, solver="serial", hidden=4, batch_size=6, epochs=1)
+    train(cfg, tmp_path / "run", progress=False, log=_quiet)
+    state = load_checkpoint(tmp_path / "run")
+    assert state["model"]["head.weight"].shape[0] == 3
+    assert state["label_values"] == [0, 1_000_000, 2_000_000]
+    plain = datasets.load(_own_data(tmp_path))  # labels 0..K-1 stay as they are
+    assert "label_values" not in plain.meta and plain.num_classes == 3
+
+
+def test_npz_lengths_and_unknown_keys(tmp_path):
+    """lengths_train/lengths_test give unequal lengths (NaN padding allowed past them); an
+    unknown key is named in one warning with the known keys."""
+    from mgrit_gru.app import datasets
+
+    x = np.random.default_rng(1).normal(size=(12, 6, 2))
+    n_train = np.array([6, 3, 1, 4] * 3)
+    x[1, 3:] = np.nan  # padding
+    name = _own_data(tmp_path, x_train=x, lengths_train=n_train, lengths_test=np.full(6, 6))
+    data = datasets.load(name)
+    assert data.len_train.tolist() == n_train.tolist() and data.len_test.tolist() == [6] * 6
+    assert torch.isfinite(data.x_train).all() and (data.x_train[1, 3:] == 0).all()
+    assert "unequal lengths" in data.describe()
+    full = datasets.load(_own_data(tmp_path, lengths_train=np.full(12, 6), lengths_test=[6] * 6))
+    assert full.len_train is None and full.len_test is None  # every length T: equal lengths
+    with pytest.warns(UserWarning, match=r"unknown key\(s\) \['lens'\]; the known keys are .*"):
+        datasets.load(_own_data(tmp_path, lens=np.ones(12, int)))
+    help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
+    assert "lengths_train" in help_text and "lengths_test" in help_text
+
+
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (dict(lengths_train=np.full(12, 6)), r"lengths_train needs lengths_test too"),
+        (dict(lengths_train=np.full(12, 7), lengths_test=np.full(6, 6)), r"must lie in 1\.\.6"),
+        (dict(lengths_train=np.full(11, 6), lengths_test=np.full(6, 6)), r"shape \(12,\)"),
+        (dict(x_train=np.full((12, 6, 2), np.nan)), r"NaN or Inf \(pad unequal lengths and"),
+        (
+            dict(x_train=np.full((12, 6, 2), np.nan), lengths_train=[1] * 12, lengths_test=[6] * 6),
+            r"x_train contains NaN or Inf within the sequences' lengths",
+        ),
+    ],
+)
+def test_npz_lengths_refused_one_line(tmp_path, changes, match):
+    from mgrit_gru.app import datasets
+
+    with pytest.raises(datasets.DatasetError, match=match):
+        datasets.load(_own_data(tmp_path, **changes))
+
+
+def test_length_is_refused_for_npz(f32, tmp_path, capsys):
+    argv = ["train", "--dataset", _own_data(tmp_path), "--length", "50", "--out", str(tmp_path)]
+    err = _one_line_error(argv, capsys)
+    assert "--length applies to the synthetic tasks only" in err and "npz:" in err
+
+
+def test_ctrl_c_in_the_closing_speed_check(f32, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in train's closing speed check: no traceback; the report is written (its
+    speed section says the check was skipped) and the message names the checkpoint."""
+    from mgrit_gru.app import train as train_module
+
+    def interrupted(cfg, run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "measure_speed", interrupted)
+    run = tmp_path / "run"
+    argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(run), "--no-progress"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "training itself finished" in err and str(run / "checkpoint.pt") in err
+    assert "Speed check skipped (interrupted by Ctrl-C)" in (run / "report.md").read_text()
+    assert load_checkpoint(run)["epoch"] == 1 and not (run / "speed.json").exists()
+
+
+def test_residual_max_counts_only_what_mgrit_gave():
+    """An MGRIT try that fell back to the serial solve adds no residual (its 1.3e+03 was
+    reported as the epoch's); it is counted apart. The progress bar says the same."""
+    from mgrit_gru.app import report
+    from mgrit_gru.app.train import EpochStats, mgrit_figures
+    from mgrit_gru.stats import RunStats, SolveStats
+
+    fwd = SolveStats("forward", 0, False, 40, 3, 2, (1e-2, 3e-7), True, False)
+    bwd = SolveStats("backward", 0, False, 40, 1, 5, (1e-1, 1.3e3), True, True, stopped="cap")
+    epoch = EpochStats()
+    epoch.add(RunStats([fwd], [bwd]))
+    skipped = SolveStats("backward", 0, False, 40, 1, 0, (), True, True, skipped=True)
+    epoch.add(RunStats([fwd], [skipped]))
+    row = epoch.as_dict()
+    assert row["fwd_residual_max"] == 3e-7 and row["bwd_residual_max"] == 0.0
+    assert (row["fwd_fell_back"], row["bwd_fell_back"], row["fallbacks"]) == (0, 1, 1)
+    assert report._residual_cell(row, "fwd") == "3.0e-07"
+    assert report._residual_cell(row, "bwd") == "- (fell back 1)"
+    assert mgrit_figures([fwd]) == "2it 3e-07"
+    assert mgrit_figures([bwd]) == "fell back" and mgrit_figures([skipped]) == "serial"
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_last_stats_under_activation_checkpointing(reentrant):
+    """torch.utils.checkpoint recomputes the forward in the backward: the adjoint solves
+    still land in last_stats (non-reentrant lost them to the recomputation's record)."""
+    from torch.utils.checkpoint import checkpoint
+
+    gru = mgrit_gru.GRU(3, 6, num_layers=2, bidirectional=True, solver=tight(cfactor=4))
+    x = torch.randn(24, 2, 3, requires_grad=True)
+    y, h = checkpoint(gru, x, use_reentrant=reentrant)
+    stats = gru.last_stats
+    assert len(stats.forward) == 4 and not stats.backward
+    (y.sum() + h.sum()).backward()
+    assert gru.last_stats is stats
+    assert len(stats.forward) == 4 and len(stats.backward) == 4
+    assert all(s.by_mgrit for s in stats.backward)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -25,6 +27,9 @@ from mgrit_gru import MGRIT
         (dict(tol=float("nan")), r"invalid tol=nan"),
         (dict(max_iters=-1), r"invalid max_iters=-1"),
         (dict(backward_tol=-1.0), r"invalid backward_tol=-1.0"),
+        (dict(tol=float("nan")), r"invalid tol=nan; expected a finite number >= 0 or 'auto'"),
+        (dict(tol="tight"), r"invalid tol='tight'"),
+        (dict(max_iters="many"), r"invalid max_iters='many'"),
         (dict(backward_max_iters=1.5), r"invalid backward_max_iters=1.5"),
         (dict(on_divergence="ignore"), r"invalid on_divergence='ignore'; choose one of"),
         (dict(on_unconverged="ignore"), r"invalid on_unconverged='ignore'; choose one of"),
@@ -66,14 +71,16 @@ def test_option_families_accept_names_and_objects():
     assert MGRIT(relax="FCFCFCF").relax == "FCFCFCF"
     assert MGRIT(coarse="frozen", relax="FCFCF").describe() == "mgrit(relax=FCFCF,coarse=frozen)"
     budget = MGRIT(budget=mgrit_gru.Budget(2, 1, backward_relax="F"))
-    assert (budget.fwd_max_iters, budget.bwd_max_iters, budget.bwd_relax) == (2, 1, "F")
-    assert budget.fwd_tol == 0.0 and budget.bwd_tol == 0.0
+    fwd, bwd = (budget.stopping(p, 1e-7, 1e-6) for p in ("forward", "backward"))
+    assert (fwd.max_iters, bwd.max_iters, budget.bwd_relax) == (2, 1, "F")
+    assert fwd.tol == bwd.tol == fwd.floor == 0.0  # no tolerance, no floor: the cycles run
 
 
 def test_options_are_frozen_and_backward_defaults_follow_forward():
     opts = MGRIT(tol=1e-7, max_iters=3)
-    assert opts.bwd_tol == 1e-7 and opts.bwd_max_iters == 3
-    assert MGRIT(tol=1e-7, backward_tol=1e-4).bwd_tol == 1e-4
+    rule = opts.stopping("backward", 2.2e-16, 1e-14)
+    assert (rule.tol, rule.max_iters, rule.asked) == (1e-7, 3, None)
+    assert MGRIT(tol=1e-7, backward_tol=1e-4).stopping("backward", 2.2e-16, 1e-14).tol == 1e-4
     with pytest.raises(AttributeError):
         opts.tol = 1.0
     assert MGRIT.serial().is_serial
@@ -106,13 +113,11 @@ def test_time_parallel_refuses_packed_input_before_any_exchange():
         gru(packed)
     with pytest.raises(ValueError, match="unknown coarse='one'; choose 'replicated' or 'root'"):
         TimeGroup(coarse="one")
-    auto = mgrit_gru.GRU(3, 4, solver=MGRIT(cfactor="auto"), time_group=TimeGroup())
-    with pytest.raises(ValueError, match="time_group= needs an integer cfactor"):
-        auto(torch.randn(5, 2, 3))
 
 
 def test_auto_cfactor_follows_the_cost_model():
     from mgrit_gru import cost
+    from mgrit_gru.distributed import TimeGroup
     from mgrit_gru.options import auto_cfactor
 
     # CPU, early exit: the power of two at or below sqrt(28 T B / rows), rows = o / c of the
@@ -139,6 +144,16 @@ def test_auto_cfactor_follows_the_cost_model():
     assert MGRIT(cfactor=8).resolve(9, 9, 9) is not None
     with pytest.raises(ValueError, match="cfactor='auto' must be resolved first"):
         opts.num_levels(100)
+    # time-parallel ranks: the rule on each rank's share of T, at least one chunk per rank
+    assert auto_cfactor(65536, 4, 64, ranks=2) == auto_cfactor(32768, 4, 64) == 128
+    assert auto_cfactor(65536, 4, 64, ranks=4) == 128 and auto_cfactor(65537, 4, 64, ranks=2) == 128
+    assert auto_cfactor(150, 3, 5, ranks=8) == 16  # 10 chunks for 8 ranks
+    assert MGRIT().resolve(150, 3, 5, ranks=8).cfactor == 16
+    tg = TimeGroup()
+    gru = mgrit_gru.GRU(3, 64, time_group=tg)  # no process group needed to ask
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TimeGroup, "size", property(lambda self: 2))
+        assert gru.time_cfactor(65536, 4) == 128
 
 
 @pytest.fixture
@@ -210,3 +225,34 @@ def test_device_mismatch(gru):
     x = torch.randn(5, 2, 3, device="meta")
     with pytest.raises(ValueError, match=r"input is on meta but the parameters are on cpu"):
         gru(x)
+
+
+def test_auto_tolerance_follows_the_arithmetic():
+    """tol="auto": 1e-5 in 32-bit arithmetic (at least its floor), the rounding floor in
+    float64; the cap: 10 cycles for 5 digits, 2 per digit beyond. A tolerance below the floor
+    is raised to it and the one asked is kept for the warning."""
+    from mgrit_gru.core import stopping
+
+    f32 = stopping.floor(torch.float32, "cpu", 32)
+    f64 = stopping.floor(torch.float64, "cpu", 32)
+    assert 1e-7 < f32 < 1e-5 and 1e-16 < f64 < 1e-13
+    auto = MGRIT()
+    rule32 = auto.stopping("forward", torch.finfo(torch.float32).eps, f32)
+    assert (rule32.tol, rule32.max_iters, rule32.floor, rule32.asked) == (1e-5, 10, f32, None)
+    rule64 = auto.stopping("backward", torch.finfo(torch.float64).eps, f64)
+    assert rule64.tol == f64 and rule64.max_iters == math.ceil(-2 * math.log10(f64))
+    bf16 = auto.stopping("forward", 2.0**-7, stopping.floor(torch.float32, "cpu", 32) * 2**16)
+    assert bf16.tol > 1e-5 and bf16.asked is None  # auto: silently the floor
+    raised = MGRIT(tol=1e-9).stopping("forward", torch.finfo(torch.float32).eps, f32)
+    assert (raised.tol, raised.asked) == (f32, 1e-9)
+    assert MGRIT(tol=1e-9).stopping("forward", torch.finfo(torch.float64).eps, f64).asked is None
+
+
+def test_roundoff_reads_the_matmul_precision(monkeypatch):
+    from mgrit_gru.core import stopping
+
+    assert stopping.roundoff(torch.float64) == torch.finfo(torch.float64).eps
+    assert stopping.roundoff(torch.float32) == torch.finfo(torch.float32).eps
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    assert stopping.roundoff(torch.float32) == 2.0**-7
+    assert stopping.roundoff(torch.float64) == torch.finfo(torch.float64).eps

@@ -21,7 +21,7 @@ from ..options import (
     Guard,
     Implicit,
 )
-from .datasets import SYNTHETIC_DEFAULT_LENGTH
+from .datasets import LOADERS, SYNTHETIC_DEFAULT_LENGTH
 
 
 def _opt(default: Any, helptext: str, *choices: str) -> Any:
@@ -72,7 +72,14 @@ class TrainConfig:
     """Everything a training run depends on. Stored as config.json in the run folder and in
     every checkpoint; a resumed run must match it (but for :data:`NOT_TRAINING`)."""
 
-    dataset: str = _opt("smnist", "dataset: a built-in name or npz:PATH to your own arrays")
+    dataset: str = _opt(
+        "smnist",
+        f"dataset: a built-in one ({', '.join(LOADERS)}) or npz:PATH, your own arrays: "
+        "x_train, x_test (N, T, F) or (N, T); y_train, y_test (N,) integer labels (other "
+        "values than 0..K-1 become classes 0..K-1 in sorted order); for unequal lengths "
+        "lengths_train, lengths_test (N,) integers in 1..T (steps past a length are padding, "
+        "NaN allowed there)",
+    )
     recipe: Optional[str] = _opt(
         None,
         "a preset whose options apply under the ones given: torchbraid (the paper's "
@@ -135,12 +142,18 @@ class TrainConfig:
         "a multisecant correction",
         *COARSE_CHOICES,
     )
-    tol: float = _opt(1e-5, "MGRIT forward tolerance on the largest absolute residual")
-    max_iters: int = _opt(10, "cap on MGRIT forward cycles per call")
-    backward_tol: Optional[float] = _opt(
-        None, "adjoint tolerance, relative to the largest incoming gradient (none: --tol)"
+    tol: Union[float, str] = _opt(
+        "auto",
+        "MGRIT forward tolerance on the relative residual (largest C-point residual / the "
+        "states' size there); auto: 1e-5 in float32, the rounding floor in float64",
     )
-    backward_max_iters: Optional[int] = _opt(
+    max_iters: Union[int, str] = _opt(
+        "auto", "cap on MGRIT forward cycles per call (auto: 10 for 1e-5, 2 per digit more)"
+    )
+    backward_tol: Union[float, str, None] = _opt(
+        None, "adjoint tolerance, the same kind of relative residual (none: --tol)"
+    )
+    backward_max_iters: Union[int, str, None] = _opt(
         None, "cap on adjoint cycles per call (none: --max-iters)"
     )
     coarse_gates: str = _opt(
@@ -239,7 +252,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
-        for name in ("lr", "weight_decay", "clip", "dropout", "tol", "timeout"):
+        for name in ("lr", "weight_decay", "clip", "dropout", "timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value!r}")
@@ -270,10 +283,6 @@ class TrainConfig:
         self.solver_options()  # MGRIT validates its own fields
         if self.time_parallel > 1 and self.solver == "torch":
             raise ValueError("--time-parallel needs --solver mgrit or serial")
-        if self.time_parallel > 1 and self.cfactor == "auto":
-            raise ValueError("--time-parallel needs an integer --cfactor, not auto")
-        if self.time_parallel > 1 and self.pool == "max":
-            raise ValueError("--pool max needs --time-parallel 1 (use mean or last across ranks)")
 
     @property
     def budget(self) -> Optional[Budget]:
@@ -373,6 +382,10 @@ def int_or_auto(text: str) -> Union[int, str]:
     return "auto" if text == "auto" else int(text)
 
 
+def float_or_auto(text: str) -> Union[float, str]:
+    return "auto" if text == "auto" else float(text)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per TrainConfig field. Flags not given stay absent from the namespace, so
     the caller can tell which were given (for --resume)."""
@@ -394,8 +407,10 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         kind = {"int": int, "float": float, "str": str}
-        if f.name in ("levels", "cfactor"):
-            kwargs["type"] = int_or_auto
+        if f.name in ("levels", "cfactor", "max_iters", "backward_max_iters"):
+            kwargs["type"] = _parse_optional(int_or_auto) if default is None else int_or_auto
+        elif f.name in ("tol", "backward_tol"):
+            kwargs["type"] = _parse_optional(float_or_auto) if default is None else float_or_auto
         elif str(f.type).startswith("Optional["):
             inner = str(f.type)[len("Optional[") : -1]
             kwargs["type"] = _parse_optional(kind[inner])

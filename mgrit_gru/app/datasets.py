@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Dataset:
     num_classes: int
     len_train: Optional[Tensor] = None  # (N,) int64, None when every sequence has length T
     len_test: Optional[Tensor] = None
+    # source, standardisation; "label_values" (npz labels not 0..K-1): class i is label [i]
     meta: dict = field(default_factory=dict)
 
     @property
@@ -48,10 +50,15 @@ class Dataset:
 
     def describe(self) -> str:
         lengths = "equal lengths" if self.len_train is None else "unequal lengths"
-        return (
+        text = (
             f"{self.name}: {len(self.y_train)} train / {len(self.y_test)} test, T={self.seq_len} "
             f"({lengths}), F={self.features}, {self.num_classes} classes"
         )
+        values = self.meta.get("label_values")
+        if values:  # npz labels that were not 0..K-1
+            shown = ", ".join(map(str, values[:6])) + (", ..." if len(values) > 6 else "")
+            text += f" (labels {shown} as classes 0..{len(values) - 1})"
+        return text
 
 
 # -- package data ---------------------------------------------------------------------------
@@ -173,6 +180,11 @@ def _recall(seed: int, length: int, n_train: int, n_test: int, symbols: int = 8)
     return x_tr, y_tr, x_te, y_te, symbols, None, None, meta
 
 
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+NPZ_LENGTHS = ("lengths_train", "lengths_test")
+_WARNED: set[tuple] = set()  # npz files and unknown keys warned about
+
+
 def _npz(path_text: str):
     path = Path(path_text)
     if not path.is_file():
@@ -186,9 +198,21 @@ def _npz(path_text: str):
         data = np.load(path, allow_pickle=False)
     except Exception as exc:  # a corrupt archive
         raise DatasetError(f"npz dataset {path}: cannot read it ({exc})") from exc
-    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in data.files]
+    missing = [k for k in NPZ_KEYS if k not in data.files]
     if missing:
         raise DatasetError(f"npz dataset {path}: missing key(s) {missing}; found {data.files}")
+    unknown = sorted(set(data.files) - set(NPZ_KEYS + NPZ_LENGTHS))
+    if unknown and (str(path), *unknown) not in _WARNED:  # once (a run loads its data again)
+        _WARNED.add((str(path), *unknown))
+        warnings.warn(
+            f"npz dataset {path}: ignoring unknown key(s) {unknown}; the known keys are "
+            f"{', '.join(NPZ_KEYS + NPZ_LENGTHS)}",
+            stacklevel=3,
+        )
+    given = [k for k in NPZ_LENGTHS if k in data.files]
+    if len(given) == 1:
+        other = next(k for k in NPZ_LENGTHS if k not in given)
+        raise DatasetError(f"npz dataset {path}: {given[0]} needs {other} too (shape (N,))")
     arrays = {}
     for key in ("x_train", "x_test"):
         try:
@@ -206,8 +230,6 @@ def _npz(path_text: str):
                 f"npz dataset {path}: {key} is empty (shape {x.shape}); need at least one "
                 "sequence of at least one step"
             )
-        if not np.isfinite(x).all():
-            raise DatasetError(f"npz dataset {path}: {key} contains NaN or Inf")
         arrays[key] = x
     for key in ("y_train", "y_test"):
         y = np.asarray(data[key])
@@ -227,11 +249,26 @@ def _npz(path_text: str):
             f"npz dataset {path}: x_train {arrays['x_train'].shape[1:]} and "
             f"x_test {arrays['x_test'].shape[1:]} differ in (T, F)"
         )
+    lengths = {}
+    for split in ("train", "test") if given else ():
+        lengths[split] = _npz_lengths(path, data, split, arrays[f"x_{split}"])
+    for split in ("train", "test"):
+        key, x = f"x_{split}", arrays[f"x_{split}"]
+        steps = np.arange(x.shape[1])[None, :]
+        real = steps < lengths[split][:, None] if split in lengths else np.ones(x.shape[:2], bool)
+        if not np.isfinite(x[real]).all():
+            where = (
+                "within the sequences' lengths"
+                if lengths
+                else "(pad unequal lengths and give lengths_train and lengths_test)"
+            )
+            raise DatasetError(f"npz dataset {path}: {key} contains NaN or Inf {where}")
+        x[~real] = 0.0  # padding (NaN allowed there) does not enter the model
     labels = np.concatenate([arrays["y_train"], arrays["y_test"]])
     if labels.min() < 0:
         raise DatasetError(f"npz dataset {path}: labels must be >= 0, got {labels.min()}")
-    classes = int(labels.max()) + 1
-    if classes < 2:
+    values = np.unique(labels)  # sorted; class i is label values[i]
+    if len(values) < 2:
         raise DatasetError(f"npz dataset {path}: need at least 2 classes")
     unseen = sorted(set(arrays["y_test"].tolist()) - set(arrays["y_train"].tolist()))
     if unseen:
@@ -240,16 +277,39 @@ def _npz(path_text: str):
             "a classifier cannot learn them"
         )
     meta = {"source": f"npz: {path}"}
+    if values[-1] != len(values) - 1:  # not 0..K-1: the head gets K outputs, not max + 1
+        for key in ("y_train", "y_test"):
+            arrays[key] = np.searchsorted(values, arrays[key])
+        meta["label_values"] = values.tolist()
+    equal = all((n == arrays["x_train"].shape[1]).all() for n in lengths.values())
     return (
         arrays["x_train"],
         arrays["y_train"],
         arrays["x_test"],
         arrays["y_test"],
-        classes,
-        None,
-        None,
+        len(values),
+        None if equal else lengths["train"],
+        None if equal else lengths["test"],
         meta,
     )
+
+
+def _npz_lengths(path: Path, data, split: str, x: np.ndarray) -> np.ndarray:
+    """``lengths_<split>`` of an npz dataset: (N,) integers in 1..T."""
+    key = f"lengths_{split}"
+    n = np.asarray(data[key])
+    N, T = x.shape[:2]
+    if n.shape != (N,) or not np.issubdtype(n.dtype, np.integer):
+        raise DatasetError(
+            f"npz dataset {path}: {key} must be a 1-D integer array of shape ({N},) (one "
+            f"length per sequence of x_{split}), got {n.dtype} {n.shape}"
+        )
+    if n.min() < 1 or n.max() > T:
+        raise DatasetError(
+            f"npz dataset {path}: {key} must lie in 1..{T} (T of x_{split}), got "
+            f"min {n.min()} max {n.max()}"
+        )
+    return n.astype(np.int64)
 
 
 Loader = Callable[[int, Optional[int]], tuple]
@@ -289,11 +349,14 @@ def _standardise(x_tr, n_tr, x_te, n_te):
 
 def load(name: str, *, seed: int = 0, length: Optional[int] = None) -> Dataset:
     """Load a dataset by name: one of :data:`NAMES`. ``length`` sets T of the synthetic tasks."""
+    if length is not None and name not in SYNTHETIC and (name in LOADERS or name[:4] == "npz:"):
+        raise DatasetError(
+            f"--length applies to the synthetic tasks only ({', '.join(SYNTHETIC)}), not "
+            f"{name}: drop it"
+        )
     if name.startswith("npz:"):
         parts = _npz(name[4:])
     elif name in LOADERS:
-        if length is not None and name not in SYNTHETIC:
-            raise DatasetError(f"--length applies to the synthetic tasks only, not {name}")
         if length is not None and length < 2:
             raise DatasetError(f"--length must be >= 2, got {length}")
         parts = LOADERS[name](seed, length)

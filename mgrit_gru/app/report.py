@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ..options import AUTO_TOL
 from .config import TrainConfig
 
 COLORS = {"mgrit": "tab:blue", "serial": "tab:orange", "torch": "tab:green"}
@@ -65,7 +66,7 @@ def plot_residuals(
 
 def residual_figure(history: list[dict], tol: float | None = None, backward_tol=None):
     """The residual histories of the last batch of each epoch, with the tolerances as lines
-    (``backward_tol`` None: the same as ``tol``, relative to the incoming gradient)."""
+    (``backward_tol`` None: the same as ``tol``; both on the relative residual)."""
     rows = [r for r in history if r.get("fwd_residuals_last_batch")]
     if not rows:
         return None
@@ -127,11 +128,15 @@ def write_run_report(
         )
     }
     mgrit = cfg.solver in ("mgrit", "auto")
+
+    def tol_line(tol):  # the app trains in float32: "auto" is AUTO_TOL there
+        return AUTO_TOL if tol == "auto" else tol
+
     residuals = plot_residuals(
         run / "residuals.png",
         history,
-        cfg.tol if mgrit and cfg.budget is None else None,
-        cfg.backward_tol if mgrit and cfg.budget is None else None,
+        tol_line(cfg.tol) if mgrit and cfg.budget is None else None,
+        tol_line(cfg.backward_tol) if mgrit and cfg.budget is None else None,
     )
     last = history[-1]
     serial = "test_acc_serial" in last
@@ -168,9 +173,16 @@ def write_run_report(
             + (f"{r.get('test_acc_serial', float('nan')):.4f} | " if serial else "")
             + f"{r['train_time_s']:.1f} | "
             f"{r['seq_per_s']:.0f} | {r['fwd_iters_mean']:.2f} | {r['bwd_iters_mean']:.2f} | "
-            f"{r['fwd_residual_max']:.1e} | {r['bwd_residual_max']:.1e} | {r['fallbacks']} | "
+            f"{_residual_cell(r, 'fwd')} | {_residual_cell(r, 'bwd')} | {r['fallbacks']} | "
             f"{share} |"
         )
+    if mgrit:
+        lines += [
+            "",
+            "res max: the largest final residual of the solves whose result MGRIT gave (-: "
+            "none); fell back N: MGRIT tries that stopped and gave way to the serial solve "
+            "(their residuals are not counted); fallbacks: training steps with such a try.",
+        ]
     if speed is not None:
         lines += ["", "## Speed", "", speed_text(speed)]
     lines += ["", f"![loss]({plots['loss']})", "", f"![accuracy]({plots['accuracy']})", ""]
@@ -183,8 +195,19 @@ def write_run_report(
     return path
 
 
+def _residual_cell(row: dict, direction: str) -> str:
+    """An epoch's largest residual of what MGRIT gave in one pass ("fwd", "bwd"), and the
+    count of its tries that fell back to the serial solve."""
+    share = row.get(f"mgrit_share_{direction}")
+    cell = "-" if share == 0 else f"{row[f'{direction}_residual_max']:.1e}"
+    fell_back = row.get(f"{direction}_fell_back", 0)
+    return cell + (f" (fell back {fell_back})" if fell_back else "")
+
+
 def speed_text(speed: dict) -> str:
     """The speed check as a sentence and a table (report.md)."""
+    if "skipped" in speed:
+        return f"Speed check skipped ({speed['skipped']}); the training itself finished."
     ms, own = speed["step_ms"], speed["solver"]
     names = {"torch": "torch.nn.GRU", "serial": "serial solver", "mgrit": "MGRIT", "auto": "auto"}
     rows = [f"| {names.get(n, n)} | {t:.1f} | {t / ms[own]:.2f}x |" for n, t in ms.items()]

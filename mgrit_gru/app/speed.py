@@ -79,6 +79,8 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
 
 def speed_line(result: dict) -> str:
     """One line for the end of a run."""
+    if "skipped" in result:
+        return f"speed: check skipped ({result['skipped']})"
     ms, own = result["step_ms"], result["solver"]
     parts = [f"{own} {ms[own]:.1f} ms"]
     for name, label in (("torch", "torch.nn.GRU"), ("serial", "serial")):

@@ -48,7 +48,7 @@ class Classifier(nn.Module):
         shape = dict(batch_first=True, dropout=cfg.dropout, bidirectional=cfg.bidirectional)
         args = (features, cfg.hidden, cfg.layers)
         rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell, time_group=time_group)
-        self.time_group, self.cfactor, self.pool = time_group, cfg.cfactor, cfg.pool
+        self.time_group, self.pool = time_group, cfg.pool
         if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
             if cfg.cell != "classic":
                 raise RunError("--solver torch supports only --cell classic")
@@ -62,12 +62,14 @@ class Classifier(nn.Module):
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
         if self.time_group is not None:  # this rank's slice of time, the global lengths
-            from ..distributed import scatter_time, time_mean
+            from ..distributed import scatter_time, time_max, time_mean
 
-            local = scatter_time(x, self.time_group, self.cfactor, dim=1)
+            m = self.rnn.time_cfactor(x.shape[1], x.shape[0])  # the same on every rank
+            local = scatter_time(x, self.time_group, m, dim=1)
             y, h_n = self.rnn(local, lengths=lengths)
-            if self.pool == "mean":  # over every rank's steps
-                return self.head(time_mean(y, self.time_group, x.shape[1], self.cfactor, lengths))
+            if self.pool in ("mean", "max"):  # over every rank's steps
+                reduce = time_mean if self.pool == "mean" else time_max
+                return self.head(reduce(y, self.time_group, x.shape[1], m, lengths))
         elif lengths is None:
             y, h_n = self.rnn(x)
         elif isinstance(self.rnn, GRU):
@@ -135,9 +137,10 @@ class EpochStats:
     bwd_iters: float = 0.0
     fwd_iters_max: int = 0
     bwd_iters_max: int = 0
-    fwd_res_max: float = 0.0
+    fwd_res_max: float = 0.0  # of the solves MGRIT gave (an abandoned try's is not used)
     bwd_res_max: float = 0.0
-    fallbacks: int = 0
+    fallbacks: int = 0  # batches with an MGRIT try that fell back to the serial solve
+    fell_back: tuple = (0, 0)  # forward, backward MGRIT tries that fell back
     batches: int = 0
     last_fwd_residuals: tuple = ()
     last_bwd_residuals: tuple = ()
@@ -153,10 +156,13 @@ class EpochStats:
         self.bwd_iters += stats.backward_iterations
         self.fwd_iters_max = max(self.fwd_iters_max, stats.forward_iterations)
         self.bwd_iters_max = max(self.bwd_iters_max, stats.backward_iterations)
-        self.fwd_res_max = max(self.fwd_res_max, stats.forward_residual)
-        self.bwd_res_max = max(self.bwd_res_max, stats.backward_residual)
-        self.fallbacks += int(any(s.fell_back and not s.skipped for s in stats.solves))
+        self.fwd_res_max = max(self.fwd_res_max, mgrit_residual(stats.forward))
+        self.bwd_res_max = max(self.bwd_res_max, mgrit_residual(stats.backward))
+        self.fallbacks += int(any(_abandoned(s) for s in stats.solves))
         passes = (stats.forward, stats.backward)
+        self.fell_back = tuple(
+            a + sum(_abandoned(s) for s in p) for a, p in zip(self.fell_back, passes)
+        )
         self.solves = tuple(a + len(p) for a, p in zip(self.solves, passes))
         self.by_mgrit = tuple(a + sum(s.by_mgrit for s in p) for a, p in zip(self.by_mgrit, passes))
         self.cost_stops += sum(s.stopped == "cost" for s in stats.solves)
@@ -179,12 +185,33 @@ class EpochStats:
             "fwd_residual_max": self.fwd_res_max,
             "bwd_residual_max": self.bwd_res_max,
             "fallbacks": self.fallbacks,
+            "fwd_fell_back": self.fell_back[0],
+            "bwd_fell_back": self.fell_back[1],
             "mgrit_share_fwd": self.share(0),
             "mgrit_share_bwd": self.share(1),
             "cost_stops": self.cost_stops,
             "fwd_residuals_last_batch": list(self.last_fwd_residuals),
             "bwd_residuals_last_batch": list(self.last_bwd_residuals),
         }
+
+
+def _abandoned(solve) -> bool:
+    """An MGRIT try that stopped and fell back to the serial solve."""
+    return solve.fell_back and not solve.skipped
+
+
+def mgrit_residual(solves) -> float:
+    """The largest final residual of the solves whose result MGRIT gave (0: none)."""
+    return max((s.residual for s in solves if s.by_mgrit), default=0.0)
+
+
+def mgrit_figures(solves) -> str:
+    """A pass's solves of one call for the progress bar: MGRIT's cycles and residual where
+    MGRIT gave the result, else how it was solved."""
+    used = [s for s in solves if s.by_mgrit]
+    if used:
+        return f"{max(s.iterations for s in used)}it {mgrit_residual(used):.0e}"
+    return "fell back" if any(_abandoned(s) for s in solves) else "serial"
 
 
 def learning_rate(cfg: TrainConfig, step: int, per_epoch: int) -> float:
@@ -264,9 +291,12 @@ def write_metrics(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, lambda f: f.write(text.encode()))
 
 
-def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history, partial=None) -> None:
+def save_checkpoint(
+    run: Path, cfg, model, optimizer, epoch, history, partial=None, labels=None
+) -> None:
     """``epoch`` whole epochs done; ``partial``: the position inside the next one (an
-    interrupted epoch: its next batch and what it has summed so far), or None."""
+    interrupted epoch: its next batch and what it has summed so far), or None. ``labels``:
+    the data set's labels of classes 0..K-1 where they differ from 0..K-1 (npz), or None."""
     state = {
         "format": FORMAT,
         "config": cfg.to_dict(),
@@ -280,6 +310,8 @@ def save_checkpoint(run: Path, cfg, model, optimizer, epoch, history, partial=No
         state["solver_state"] = model.rnn.solver_state()
     if partial is not None:
         state["partial"] = partial
+    if labels is not None:
+        state["label_values"] = labels
     atomic_write_bytes(run / CHECKPOINT, lambda f: torch.save(state, f))
 
 
@@ -341,9 +373,10 @@ def _training_part(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in skip}
 
 
-def default_run_dir(cfg: TrainConfig) -> Path:
+def default_run_dir(cfg: TrainConfig, kind: Optional[str] = None) -> Path:
+    """runs/DATASET-KIND-TIME; ``kind``: the run's solver unless given (compare: "compare")."""
     name = cfg.dataset.replace("npz:", "npz-").replace("/", "_")
-    return Path("runs") / f"{name}-{cfg.solver}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{name}-{kind or cfg.solver}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 # -- the loop -------------------------------------------------------------------------------
@@ -394,6 +427,7 @@ def train(
             run.mkdir(parents=True, exist_ok=True)
     data = load_data(cfg)
     log(data.describe())
+    labels = data.meta.get("label_values")  # class i is label labels[i] (npz), or None
     torch.manual_seed(cfg.seed)
     model = Classifier(cfg, data.features, data.num_classes, tg).to(device)
     optimizer = make_optimizer(cfg, model.parameters())
@@ -426,7 +460,7 @@ def train(
             )
             partial = None
             if "partial" in row:  # Ctrl-C: save the position inside this epoch, then stop
-                save_checkpoint(run, cfg, model, optimizer, epoch, history, row["partial"])
+                save_checkpoint(run, cfg, model, optimizer, epoch, history, row["partial"], labels)
                 raise Interrupted(
                     f"interrupted in epoch {epoch + 1} after {row['partial']['batch']} of "
                     f"{row['partial']['batches']} training steps; {run / CHECKPOINT} holds "
@@ -434,7 +468,7 @@ def train(
                 )
             history.append(row)
             if main:
-                save_checkpoint(run, cfg, model, optimizer, epoch + 1, history)
+                save_checkpoint(run, cfg, model, optimizer, epoch + 1, history, labels=labels)
                 write_metrics(run / "metrics.jsonl", history)
             if ctrl_c.requested:
                 raise Interrupted(
@@ -571,8 +605,8 @@ def _train_epoch(
         }
         if solver.batches and cfg.solver != "serial":
             stats = model.rnn.last_stats
-            postfix["fwd"] = f"{stats.forward_iterations}it {stats.forward_residual:.0e}"
-            postfix["bwd"] = f"{stats.backward_iterations}it {stats.backward_residual:.0e}"
+            postfix["fwd"] = mgrit_figures(stats.forward)
+            postfix["bwd"] = mgrit_figures(stats.backward)
             postfix["mgrit"] = f"{100 * solver.share(0):.0f}%/{100 * solver.share(1):.0f}%"
         bar.set_postfix(postfix, refresh=False)
         bar.update()

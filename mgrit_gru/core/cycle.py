@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .grid import Grid, chunk_ends, flat_points, to_chunks
+from .stopping import StopTest
 
 # An early-exiting F-relaxation (``MGRIT(early_exit=True)``) compares new and stored states
 # every EXIT_EVERY steps: each comparison costs about a tenth of a batched step on the CPU, and
@@ -129,7 +130,9 @@ def cf_sweeps(relax: str) -> int:
 class SolveResult:
     """``stopped``: why an unconverged solve ended: ``"diverged"`` (a residual not finite, or
     the guard saw no progress), ``"cost"`` (the guard judged the rest dearer than the
-    alternative), ``"cap"`` (``max_iters`` cycles), or None (converged, or one grid)."""
+    alternative), ``"cap"`` (``max_iters`` cycles), or None (converged, or one grid).
+    ``at_floor``: converged to precision: the residual stopped falling within reach of the
+    rounding floor (:meth:`mgrit_gru.core.stopping.StopTest.stalled`) above ``tol``."""
 
     u: Tensor  # (m, n, *S) level-0 points 0..M-1 in chunk layout
     uend: Tensor  # (*S) point M
@@ -137,6 +140,7 @@ class SolveResult:
     iterations: int = 0
     converged: bool = True
     stopped: Optional[str] = None
+    at_floor: bool = False  # converged to precision: the residual stalled at rounding's floor
 
     @property
     def diverged(self) -> bool:
@@ -239,26 +243,29 @@ class _Solver:
         u: Tensor,
         uend: Tensor,
         g: Optional[Tensor],
-        exit_tol: Optional[float] = None,
+        exit_tol: Optional[Callable[[Tensor], float]] = None,
         stored: bool = False,
     ) -> Optional[float]:
         """F-relaxation followed by ``self.sweeps`` C- and F-relaxations (F, FCF, FCFCF ...).
         ``exit_tol``: an F-relaxation that follows another may exit early (:meth:`f_relax`):
         every F after a C, and the first where ``stored`` (``u``'s F-points hold the last
-        sweep's states: after a coarse correction). Returns the largest residual the exits
-        left, or None. With C-sweeps the first F runs to the end (an exit there would leave a
-        residual that a later exit does not measure); where a later one may exit early, the
-        first records, since some of its F-points stay."""
+        sweep's states: after a coarse correction); ``exit_tol(u)`` gives the threshold once
+        the first F-relaxation has run (it may measure the states' size there). Returns the
+        largest residual the exits left, or None. With C-sweeps the first F runs to the end
+        (an exit there would leave a residual that a later exit does not measure); where a
+        later one may exit early, the first records, since some of its F-points stay."""
         if self.sweeps == 0:
-            return self.f_relax(level, u, g, exit_tol=exit_tol if stored else None)
+            threshold = exit_tol(u) if (exit_tol is not None and stored) else None
+            return self.f_relax(level, u, g, exit_tol=threshold)
         self.f_relax(level, u, g, provisional=exit_tol is None)
+        threshold = None if exit_tol is None else exit_tol(u)
         exits = []
         for sweep in range(self.sweeps):
             self.c_relax(level, u, uend, g)
             last = sweep == self.sweeps - 1
             exits.append(
                 self.f_relax(
-                    level, u, g, provisional=not last and exit_tol is None, exit_tol=exit_tol
+                    level, u, g, provisional=not last and exit_tol is None, exit_tol=threshold
                 )
             )
         exits = [float(e) for e in exits if e is not None]  # a lagged exit's is on the device
@@ -288,8 +295,8 @@ class _Solver:
             solved = self.coarse_solve(level, c_points, propagated, factors)
         u[0] = solved[:-1]
         uend.copy_(solved[-1])
-        if level == 0 and self.project is not None:
-            self.project(u[0])
+        if level == 0 and self.project is not None:  # never the given start point
+            self.project(u[0, 1:] if self.comm.first else u[0])
             self.project(uend)
 
     def coarse_solve(
@@ -326,11 +333,16 @@ class _Solver:
         self.f_relax(level, u, g)
 
 
-def _residual_norm(propagated: Tensor, u: Tensor, uend: Tensor) -> float:
-    return (propagated - chunk_ends(u, uend)).abs().max().item()
+def _residual(propagated: Tensor, u: Tensor, uend: Tensor) -> tuple[float, float]:
+    """The largest absolute C-point residual and the largest absolute candidate C-point (the
+    size of the solution there)."""
+    both = torch.stack([(propagated - chunk_ends(u, uend)).abs().max(), propagated.abs().max()])
+    residual, size = both.tolist()  # one read from the device
+    return residual, size
 
 
 Guard = Callable[[list[float]], Optional[str]]
+NO_TOLERANCE = StopTest()  # run the cycles asked for
 
 
 class ProgressGuard:
@@ -385,9 +397,8 @@ def solve(
     g: Optional[Tensor] = None,
     *,
     relax: str = "FCF",
-    tol: float = 0.0,
+    stop: StopTest = NO_TOLERANCE,
     max_iters: int = 1,
-    scale: float = 1.0,
     work: Optional[Tensor] = None,
     comm: Optional[LocalComm] = None,
     early_exit: bool = False,
@@ -401,24 +412,29 @@ def solve(
         u0: the initial state, shape ``S``.
         g: level-0 right-hand side in chunk layout ``(m, n, *S)``, or None for zero.
         relax: ``"F"``, ``"FCF"``, ``"FCFCF"``, ... (an F-relaxation, then C and F repeated).
-        tol, scale: stop when the largest absolute residual divided by ``scale`` is
-            ``<= tol``; ``residuals`` are recorded divided by ``scale`` too. ``tol=0`` with a
-            ``max_iters`` runs exactly that many cycles (a fixed budget).
+        stop: the stopping test (:class:`mgrit_gru.core.stopping.StopTest`): the residual is
+            the largest absolute C-point residual divided by the solution's size (the largest
+            absolute C-point value after the relaxation, ``u0`` included, at least
+            ``stop.data``), recorded in ``residuals``; converged at ``<= stop.tol``, or once
+            it stalls at ``stop.floor`` (then ``at_floor``). ``tol=0`` with a ``max_iters``
+            runs exactly that many cycles (a fixed budget).
         max_iters: cap on V-cycles.
         early_exit: a level-0 F-relaxation that follows another (every F after a C; the final
             one after a coarse correction) stops once its states agree with the previous
-            sweep's to ``tol * scale`` (see :meth:`_Solver.f_relax`): the chunks have
-            forgotten the change of their C-points, and the rest of each chunk is kept. The
-            residual is then the largest of the C-point residuals and that exit's (an earlier
-            exit's that a later sweep left in place is at most ``tol * scale`` too, so a
-            converged solve has every residual within ``tol``).
+            sweep's to ``tol`` times the solution's size (see :meth:`_Solver.f_relax`): the
+            chunks have forgotten the change of their C-points, and the rest of each chunk is
+            kept. The residual is then the largest of the C-point residuals and that exit's
+            (an earlier exit's that a later sweep left in place is within the threshold too,
+            so a converged solve has every residual within ``tol``). Before the first
+            residual the size is that of the first sweep's last F-points.
         work: optional ``(m, n, *S)`` tensor to hold the level-0 points (else allocated).
         comm: how this process's level-0 chunks meet the others' (default: it holds them all).
-        guard: called after each relaxation that has not met ``tol`` with the residual
+        guard: called after each relaxation that has not met the test with the residual
             history so far; a returned reason (``"diverged"``, ``"cost"``) abandons the solve.
             Without a guard only a residual that is not finite does.
         project: applied in place to the finest level's C-points after each coarse
-            correction (e.g. a clamp to the states' range), or None.
+            correction (e.g. a clamp to the states' range), or None. The first rank's first
+            C-point is ``u0``, given data: it is left alone.
 
     Returns:
         :class:`SolveResult`. ``residuals`` holds the residual after each relaxation (one per
@@ -436,29 +452,43 @@ def solve(
         solver.exact(0, u, uend, g)
         return SolveResult(u, uend)
     result = SolveResult(u, uend, converged=False)
-    scale = max(scale, torch.finfo(u0.dtype).tiny)
-    exit_tol = tol * scale if early_exit else None
+    start = u0.abs().max().item() if u0.numel() else 0.0
+    size: Optional[float] = None  # the solution's size at the last residual
+
+    def threshold(points: Tensor) -> float:
+        nonlocal size
+        if size is None:  # the first sweep's last F-points
+            size = max(start, comm.max(points[-1].abs().max().item() if points.numel() else 0.0))
+        return stop.tol * stop.scale(size)
+
+    exit_tol = threshold if early_exit else None
     for _ in range(max_iters + 1):
         final = result.iterations == max_iters
         if final:  # after a coarse correction the F-points hold the previous sweep's states
-            exited = solver.f_relax(0, u, g, exit_tol=exit_tol if result.iterations else None)
+            tol_now = exit_tol(u) if (exit_tol and result.iterations) else None
+            exited = solver.f_relax(0, u, g, exit_tol=tol_now)
         else:
             exited = solver.smooth(0, u, uend, g, exit_tol, stored=result.iterations > 0)
         propagated = solver.propagate_last(0, u, g)
-        res = _residual_norm(propagated, u, uend)
-        res = comm.max(res if exited is None else max(res, float(exited))) / scale
+        res, local_size = _residual(propagated, u, uend)
+        if exited is not None:
+            res = max(res, float(exited))
+        res, size = comm.max(res), max(start, comm.max(local_size))
+        res = res / stop.scale(size)
         result.residuals.append(res)
-        stop = None
         if not math.isfinite(res):
-            stop = "diverged"
-        elif res > tol and not final and guard is not None:
-            stop = guard(result.residuals)
-        if stop is not None:
-            result.stopped = stop
+            result.stopped = "diverged"
             return result
-        if res <= tol or final:
-            result.converged = res <= tol
-            result.stopped = None if result.converged else "cap"
+        done = res <= stop.tol
+        if not done and stop.stalled(result.residuals):
+            done = result.at_floor = True
+        if not done and not final and guard is not None:
+            result.stopped = guard(result.residuals)
+            if result.stopped is not None:
+                return result
+        if done or final:
+            result.converged = done
+            result.stopped = None if done else "cap"
             solver.set_c_points(0, u, uend, propagated)
             return result
         solver.coarse_correct(0, u, uend, propagated)

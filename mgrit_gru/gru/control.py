@@ -191,6 +191,7 @@ def solve_guarded(
         iterations=result.iterations,
         residuals=tuple(result.residuals),
         converged=result.converged,
+        at_floor=result.at_floor,
         fell_back=fell_back,
         skipped=reason is not None,
         stopped=None if tried is None else tried.stopped,
@@ -253,6 +254,17 @@ def _falls_back(pass_: str, options: MGRIT, result: SolveResult, quiet: bool = F
         stacklevel=6,
     )
     return options.on_unconverged == "fallback"
+
+
+def warn_tol_raised(pass_: str, rule, dtype) -> None:
+    """One warning (per tolerance, floor and dtype: Python's filter shows a text once) that a
+    tolerance below what the arithmetic can reach was raised to its rounding floor."""
+    warnings.warn(
+        f"MGRIT {pass_} tolerance {rule.asked:.1e} is below what {str(dtype).split('.')[-1]} "
+        f"arithmetic can reach here; using its rounding floor {rule.floor:.1e} instead",
+        ConvergenceWarning,
+        stacklevel=7,
+    )
 
 
 def _advice(options: MGRIT) -> str:

@@ -31,13 +31,23 @@ import torch
 from torch import Tensor
 
 from .. import cost, workspace
-from ..core import Grid, SolveResult, build_grids, chunk_view, flat_points, pad_steps, solve
+from ..core import (
+    Grid,
+    SolveResult,
+    build_grids,
+    chunk_view,
+    flat_points,
+    pad_steps,
+    solve,
+    stopping,
+)
 from ..core.coarse import DiagonalStep, SecantStep
 from ..core.cycle import ProgressGuard
-from ..options import MGRIT, Implicit, Secant
+from ..core.stopping import StopTest
+from ..options import MGRIT, Implicit, Secant, Stopping
 from ..stats import SolveStats
 from . import cell as gru
-from .control import DivergenceError, DivergenceWarning, solve_guarded
+from .control import DivergenceError, DivergenceWarning, solve_guarded, warn_tol_raised
 
 __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_solve"]
 
@@ -324,19 +334,34 @@ def chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
     return ops
 
 
-def _guard(options: MGRIT, tol: float, meter: cost.Meter, serial: float, tg, dtype):
+def _guard(options: MGRIT, rule: Stopping, meter: cost.Meter, serial: float, tg):
     """The guard of one solve: none under a budget; the cost part only in one process (the
     ranks of a time group must decide alike, and their meters count their own slices)."""
     if options.budget is not None:
         return None
-    floor = 100.0 * torch.finfo(dtype).eps  # residuals are absolute, or relative (adjoint)
     if tg is not None or not options.guard.cost:
-        return ProgressGuard(tol, options.guard.patience, floor=floor)
-    return ProgressGuard(tol, options.guard.patience, lambda: meter.spent, serial, floor)
+        return ProgressGuard(rule.tol, options.guard.patience, floor=rule.floor)
+    return ProgressGuard(rule.tol, options.guard.patience, lambda: meter.spent, serial, rule.floor)
 
 
-def _clamp(states: Tensor) -> None:
-    states.clamp_(-1.0, 1.0)  # a GRU state's range
+def _stopping(options: MGRIT, pass_: str, grids: list[Grid], x: Tensor) -> Stopping:
+    """The stopping rule of one solve in ``x``'s dtype on its device, for the chunk length
+    of ``grids``; a tolerance below the rounding floor is raised to it (one warning)."""
+    kind = x.device.type
+    m = grids[0].m if len(grids) > 1 else 1
+    rule = options.stopping(
+        pass_, stopping.roundoff(x.dtype, kind), stopping.floor(x.dtype, kind, m)
+    )
+    if rule.asked is not None and len(grids) > 1:
+        warn_tol_raised(pass_, rule, x.dtype)
+    return rule
+
+
+def _state_range(h0: Tensor):
+    """The clamp of ``Budget(clamp=True)``: a GRU step is a convex combination of its state
+    and a tanh in (-1, 1), so every state lies within ``max(1, |h0|)``."""
+    bound = max(1.0, h0.abs().max().item())
+    return lambda states: states.clamp_(-bound, bound)
 
 
 def forward_solve(
@@ -402,6 +427,8 @@ def forward_solve(
     if tg is not None and len(grids) > 1 and isinstance(options.coarse, Implicit):
         coarse_gates()  # a collective: every rank, whichever grid it runs
 
+    rule = _stopping(options, "forward", grids, x)
+
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
         if len(grids) == 1 and fused:
@@ -431,11 +458,11 @@ def forward_solve(
             None,
             work,
             relax=options.relax,
-            tol=options.fwd_tol,
-            max_iters=options.fwd_max_iters,
+            stop=StopTest(rule.tol, rule.floor),
+            max_iters=rule.max_iters,
             early_exit=options.early_exit,
-            guard=_guard(options, options.fwd_tol, meter, serial_cost, tg, x.dtype),
-            project=_clamp if options.budget is not None and options.budget.clamp else None,
+            guard=_guard(options, rule, meter, serial_cost, tg),
+            project=_state_range(h0) if options.budget and options.budget.clamp else None,
         )
 
     grids, result, stats = solve_guarded(
@@ -615,6 +642,8 @@ def adjoint_solve(
                 state["ops"] = chunk_map_ops(mgrit_grids, options)
         return state["ops"][: len(grids) - 1]
 
+    rule = _stopping(options, "backward", mgrit_grids, x)
+
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
@@ -633,11 +662,10 @@ def adjoint_solve(
             g0,
             work,
             relax=options.bwd_relax,
-            tol=options.bwd_tol,
-            max_iters=options.bwd_max_iters,
-            scale=scale,
+            stop=StopTest(rule.tol, rule.floor, data=scale),
+            max_iters=rule.max_iters,
             early_exit=options.early_exit,
-            guard=_guard(options, options.bwd_tol, meter, serial_cost, tg, x.dtype),
+            guard=_guard(options, rule, meter, serial_cost, tg),
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.

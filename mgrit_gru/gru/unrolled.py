@@ -56,9 +56,9 @@ class _Cycles:
     """The V-cycle of :class:`mgrit_gru.core.cycle._Solver`, on lists of per-position states
     (``u[j]`` is position j of every chunk, ``(n, *S)``), every update out of place."""
 
-    def __init__(self, grids, ops, relax: str, clamp: bool = False) -> None:
+    def __init__(self, grids, ops, relax: str, clamp: Optional[float] = None) -> None:
         self.grids, self.ops, self.sweeps = grids, ops, cf_sweeps(relax)
-        self.clamp = clamp
+        self.clamp = clamp  # the states' bound, or None
 
     def f_relax(self, level, u, g):
         for j in range(self.grids[level].m - 1):
@@ -104,8 +104,8 @@ class _Cycles:
         vend = self.vcycle(level + 1, v, v_flat[Mc], to_chunks(g_flat, coarse))
         flat = torch.stack(v).transpose(0, 1).reshape(Mc, *v_flat.shape[1:])
         solved = torch.cat([flat, vend[None]])[off : off + n + 1]
-        if level == 0 and self.clamp:
-            solved = solved.clamp(-1.0, 1.0)
+        if level == 0 and self.clamp is not None:  # never the given start point
+            solved = torch.cat([solved[:1], solved[1:].clamp(-self.clamp, self.clamp)])
         u[0] = solved[:-1]
         return solved[-1]
 
@@ -123,12 +123,15 @@ def solve_budget(
     grids, ops, u0: Tensor, relax: str, cycles: int, clamp: bool = False
 ) -> tuple[Tensor, list[float]]:
     """All level-0 points ``(M + 1, *S)`` after ``cycles`` V-cycles from the guess ``u0``
-    everywhere (the core's :func:`mgrit_gru.core.solve` with ``tol=0``), and the residual
-    after each relaxation (detached, for the statistics)."""
+    everywhere (the core's :func:`mgrit_gru.core.solve` with ``tol=0``), and the relative
+    residual after each relaxation, as the core measures it (detached, for the statistics).
+    ``clamp``: the C-points after each coarse correction are clamped to the states' range
+    ``max(1, |u0|)`` (a GRU step mixes its state with a tanh in (-1, 1)), ``u0`` itself never."""
     first = grids[0]
     u = [u0.expand(first.n, *u0.shape)] * first.m
     uend = u0
-    cyc = _Cycles(grids, ops, relax, clamp)
+    cyc = _Cycles(grids, ops, relax, max(1.0, u0.abs().max().item()) if clamp else None)
+    start = u0.detach().abs().max().item()
     residuals = []
     if len(grids) == 1:
         cycles = 0
@@ -139,7 +142,8 @@ def solve_budget(
             uend = cyc.smooth(0, u, uend, None)
         propagated = cyc.propagate_last(0, u, None)
         ends = torch.cat([u[0][1:], uend.unsqueeze(0)])
-        residuals.append((propagated - ends).detach().abs().max().item())
+        size = max(start, propagated.detach().abs().max().item(), torch.finfo().tiny)
+        residuals.append((propagated - ends).detach().abs().max().item() / size)
         if k == cycles:
             uend = cyc.set_c_points(u, propagated)
             break

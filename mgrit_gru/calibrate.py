@@ -1,0 +1,356 @@
+"""This machine's step costs for :mod:`mgrit_gru.cost`: measure, fit, cache, show.
+
+    mgrit-gru calibrate [--quick | --full] [--show]
+
+Each kind is timed as the solves run it (fp32, one thread): ``"step"`` and ``"adjoint"`` as a
+level-0 F-relaxation of the MGRIT core over ``rows`` states (the propagator, the core's loop
+and the cost meter included), ``"fused"`` as the serial forward that runs torch.nn.GRU's own
+loop (per step, batch = rows, rows up to :data:`FUSED_ROWS`, where the serial forward uses
+it). A timing is the thread's CPU time (``time.thread_time``: the time other processes take
+the core from it does not count, so that a busy machine still measures its own steps) of a
+sweep of about :data:`UNIT_US`; per row count the least of ``rounds`` timings, the rounds
+interleaved over the row counts so that a disturbance falls on all of them alike. (The
+built-in table was measured as wall-clock medians on an idle machine; there the two agree.)
+Per kind and hidden size ``time = o + c * rows`` is fitted by least squares in relative error
+(every row count counts alike, not the largest one most); the table is the fit at H = 64
+(from another H, ``c`` scaled by ``(64 / H)^H_EXPONENT``).
+
+A calibration is measured only on request (``mgrit-gru calibrate``, or the first
+``mgrit-gru train`` on a machine without one: :func:`for_run`), never inside a library call,
+and cached per machine key (:func:`mgrit_gru.cost.machine_key`): the choices it drives stay
+functions of counts, the same in every run on the machine. ``benchmarks/step_cost.py`` runs
+the full measurement and prints the H-scaling check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import cost
+
+ROWS = (8, 32, 128, 512, 2048)
+QUICK = {"hidden": (64,), "rows": ROWS}
+FULL = {"hidden": (32, 64, 128), "rows": ROWS}
+ROUNDS = 9
+FUSED_ROWS = 128  # the fused kind is fitted over batches up to this
+UNIT_US = 4000.0  # a timing's length by the built-in model: many steps, few interruptions
+RUN_FILE = "calibration.json"  # the table a training run started with, in its folder
+SHAPES = ((16384, 4, 64), (784, 32, 64))  # (T, B, H) shown with cfactor="auto"
+
+
+class CalibrationError(ValueError):
+    """The measurement gave no usable model (a cost per row not above zero)."""
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _measuring():
+    """One thread, fp32, no autograd, a fixed seed; the caller's settings and RNG restored."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        torch.set_num_threads(cost.THREADS)
+        torch.set_default_dtype(torch.float32)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            torch.set_default_dtype(dtype)
+
+
+def _steps(kind: str, rows: int, H: int, least: int, most: int) -> int:
+    """Steps per timing: about :data:`UNIT_US` by the built-in model, in [least, most]."""
+    o, c = cost.BUILTIN["cpu"][kind]
+    return int(min(max(UNIT_US / (o + c * rows * (H / 64) ** cost.H_EXPONENT), least), most))
+
+
+def _sweep(kind: str, rows: int, H: int, steps: int = 0) -> tuple[Callable[[], None], int]:
+    """One F-relaxation of ``steps`` steps over ``rows`` states (chunks of one row each);
+    0 steps: 16-64 by :func:`_steps`."""
+    from .core import Grid
+    from .core.cycle import LocalComm, _Solver
+    from .gru import solve as gs
+
+    steps = steps or _steps(kind, rows, H, 16, 64)
+    grid = Grid(N=steps * rows, m=steps, n=rows)
+    meter = cost.Meter(H)
+    w_hh = torch.randn(3 * H, H) / H**0.5
+    if kind == "step":
+        gates = torch.randn(grid.M, 1, 3 * H)
+        op = gs.ForwardStep(grid, gates, w_hh, torch.randn(H), "classic", meter=meter)
+    else:
+        D, C = torch.rand(grid.M, 1, H), torch.rand(grid.M, 1, 3 * H) * 0.1
+        op = gs.AdjointStep(grid, D, C, w_hh, meter)
+    u = torch.rand(steps, rows, 1, H) - 0.5
+    relax = _Solver([grid], [op], "F", LocalComm())
+    return (lambda: relax.f_relax(0, u, None)), steps - 1
+
+
+def _fused(batch: int, H: int, T: int = 0) -> tuple[Callable[[], None], int]:
+    """The serial forward by torch.nn.GRU's loop over ``T`` steps of ``batch`` sequences;
+    0 steps: 32-512 by :func:`_steps`."""
+    from .gru import solve as gs
+
+    T = T or _steps("fused", batch, H, 32, 512)
+    ref = torch.nn.GRU(1, H)
+    x, h0 = torch.randn(T, batch, 1), torch.zeros(batch, H)
+    params = [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0, ref.bias_hh_l0]
+    return (lambda: gs.fused_forward(x, h0, *params)), T
+
+
+def time_points(
+    kind: str, H: int, rows: Sequence[int], rounds: int = ROUNDS
+) -> list[tuple[int, float]]:
+    """``[(rows, us per step)]`` of ``kind`` at hidden size ``H`` (call inside
+    :func:`_measuring`): per row count the least of ``rounds`` timings, rounds interleaved."""
+    if kind == "fused":
+        rows = [r for r in rows if r <= FUSED_ROWS]
+        runs = [_fused(r, H) for r in rows]
+    else:
+        runs = [_sweep(kind, r, H) for r in rows]
+    best = [float("inf")] * len(runs)
+    for fn, _ in runs:
+        fn()  # warm up
+    for _ in range(rounds):
+        for i, (fn, per) in enumerate(runs):
+            start = time.thread_time()
+            fn()
+            best[i] = min(best[i], (time.thread_time() - start) / per * 1e6)
+    return list(zip(rows, best))
+
+
+def fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(o, c)`` of ``time = o + c * rows`` by least squares in relative error (weights
+    ``1 / time^2``); ``o`` at least 0."""
+    w = [1.0 / max(t, 1e-12) ** 2 for _, t in points]
+    W = sum(w)
+    mx = sum(wi * r for wi, (r, _) in zip(w, points)) / W
+    my = sum(wi * t for wi, (_, t) in zip(w, points)) / W
+    sxx = sum(wi * (r - mx) ** 2 for wi, (r, _) in zip(w, points))
+    sxy = sum(wi * (r - mx) * (t - my) for wi, (r, t) in zip(w, points))
+    c = sxy / sxx if sxx > 0 else 0.0
+    return max(my - c * mx, 0.0), c
+
+
+def at_h64(per_h: dict[int, tuple[float, float]]) -> tuple[float, float]:
+    """The fit at H = 64, or from the nearest H with ``c`` scaled by ``(64 / H)^1.75``."""
+    H = min(per_h, key=lambda h: (abs(h - 64), h))
+    o, c = per_h[H]
+    return o, c * (64 / H) ** cost.H_EXPONENT
+
+
+def measure_fits(
+    hidden: Sequence[int] = QUICK["hidden"],
+    rows: Sequence[int] = ROWS,
+    rounds: int = ROUNDS,
+    log: Optional[Callable[[str], None]] = None,
+) -> dict[str, dict[int, tuple[float, float]]]:
+    """kind -> H -> ``(o, c)`` fitted at that H; ``log`` gets one line per fit."""
+    fits: dict[str, dict[int, tuple[float, float]]] = {}
+    with _measuring():
+        for kind in ("step", "adjoint", "fused"):
+            for H in hidden:
+                points = time_points(kind, H, rows, rounds)
+                o, c = fits.setdefault(kind, {})[H] = fit(points)
+                if log:
+                    text = "  ".join(f"{r}:{t:.1f}" for r, t in points)
+                    log(f"{kind:<8} H={H:<4} {text}  -> o={o:.1f} c={c:.4f}")
+    return fits
+
+
+def measure(
+    hidden: Optional[Sequence[int]] = None,
+    rows: Optional[Sequence[int]] = None,
+    quick: bool = True,
+    rounds: int = ROUNDS,
+    log: Optional[Callable[[str], None]] = None,
+) -> dict[str, tuple[float, float]]:
+    """This machine's CPU table ``{kind: (o, c)}`` at H = 64 (one thread, fp32). ``quick``:
+    H = 64 only (a few seconds); else H = 32, 64, 128. Raises :class:`CalibrationError` when
+    a fit is unusable (a cost per row not above zero: a machine too busy to measure)."""
+    form = QUICK if quick else FULL
+    fits = measure_fits(hidden or form["hidden"], rows or form["rows"], rounds, log)
+    row = {kind: at_h64(fits[kind]) for kind in cost.KINDS}
+    if cost.valid_row(row) is None:
+        raise CalibrationError(f"the step costs measured here give no usable model: {row}")
+    return row
+
+
+# -- the cache ------------------------------------------------------------------------------
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """Write ``data`` to ``path`` as JSON through a temporary file and os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def save(row: dict, path: Optional[Path] = None, **about) -> dict:
+    """Cache ``row`` as this machine's calibration (other machines' entries kept); returns
+    the entry. ``about``: more fields for the entry (how it was measured)."""
+    if cost.valid_row(row) is None:
+        raise CalibrationError(f"not a calibration: {row}")
+    path = cost.cache_path() if path is None else Path(path)
+    entry = {
+        "cpu": {k: list(v) for k, v in cost.valid_row(row).items()},
+        "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu_name": cost.cpu_name(),
+        "torch": torch.__version__,
+        "threads": cost.THREADS,
+        "device": "cpu",
+        **about,
+    }
+    data = cost.read_cache(path)
+    data[cost.machine_key()] = entry
+    write_json_atomic(path, data)
+    cost.reload()
+    return entry
+
+
+def calibrate(
+    quick: bool = True, path: Optional[Path] = None, log: Optional[Callable] = None
+) -> dict:
+    """Measure (:func:`measure`) and cache this machine's table; returns the cached entry."""
+    start = time.perf_counter()
+    row = measure(quick=quick, log=log)
+    form = QUICK if quick else FULL
+    seconds = round(time.perf_counter() - start, 1)
+    about = {"form": "quick" if quick else "full", "hidden": list(form["hidden"])}
+    return save(row, path, rows=list(form["rows"]), seconds=seconds, **about)
+
+
+# -- training runs --------------------------------------------------------------------------
+
+
+def for_run(cfg, run: Path, resume: bool, log: Callable[[str], None] = print) -> cost.Active:
+    """Pin the cost model of a training run (``cfg``: its solver, device, time_parallel)
+    for this process and record it in ``run/calibration.json``.
+
+    Resumed: the table the run recorded (a run without a record used the built-in one), so
+    that it decides as before. New, MGRIT or auto on the CPU in one process: this machine's
+    calibration, measured first (quick, one line said) if none is cached and the cache is
+    not switched off (``MGRIT_GRU_CALIBRATION=builtin``: the test suite). Time-parallel
+    ranks, which must decide alike, take the built-in table; serial, torch and CUDA runs need no
+    calibration (the CUDA row is the built-in one). A table pinned before is dropped."""
+    record = Path(run) / RUN_FILE
+    cost.reset()
+    if resume:
+        entry = _read_json(record)
+        table = cost.valid_row(entry.get("cpu")) if isinstance(entry, dict) else None
+        cost.use(table, entry if table else None)
+        return cost.active()
+    if cfg.time_parallel > 1:
+        cost.use(None)
+        return cost.active()
+    if cfg.solver in ("serial", "torch") or str(cfg.device).split(":")[0] != "cpu":
+        return cost.active()
+    now = cost.active()
+    if now.origin == "builtin" and cost.mode() == "cached":
+        log(
+            f"calibration: no cost model cached for this machine ({cost.cpu_name()}, torch "
+            f"{torch.__version__}): measuring it once (a few seconds, one thread) into "
+            f"{cost.cache_path()}"
+        )
+        try:
+            calibrate(quick=True)
+        except (CalibrationError, OSError) as exc:
+            log(f"calibration: {exc}; using the built-in cost model")
+        now = cost.active()
+    cost.use(now.table, now.entry)
+    # (a file named as the run, or a folder holding a run: train refuses it, untouched)
+    if not record.parent.is_file() and not (record.parent / "checkpoint.pt").exists():
+        about = {"origin": now.origin, "described": now.describe()}
+        if now.path:
+            about["path"] = now.path
+        write_json_atomic(record, {**(now.entry or {}), **about, "cpu": now.table["cpu"]})
+    return cost.active()
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    form = p.add_mutually_exclusive_group()
+    form.add_argument(
+        "--quick",
+        dest="full",
+        action="store_false",
+        help="measure at H = 64 only (the default; a few seconds)",
+    )
+    form.add_argument("--full", action="store_true", help="measure at H = 32, 64 and 128")
+    form.add_argument(
+        "--show", action="store_true", help="print the cost model in use; measure nothing"
+    )
+    p.set_defaults(full=False)
+
+
+def run(args: argparse.Namespace) -> None:
+    """``mgrit-gru calibrate``: measure and cache (or ``--show``), then print the tables."""
+    if args.show:
+        now = cost.active()
+        print(f"in use: {now.describe()}")
+        if now.origin == "builtin" and cost.cached_entry() is None:
+            print(f"no calibration cached for {cost.machine_key()!r} in {cost.cache_path()}")
+        elif now.origin == "builtin":
+            print(f"{cost.ENV}=builtin: the cached calibration is not used")
+        print()
+        _print_tables(now.table["cpu"], "in use")
+        return
+    print(
+        f"calibrating {cost.cpu_name()} (torch {torch.__version__}, one thread, fp32; "
+        f"{'full: H = 32, 64, 128' if args.full else 'quick: H = 64'}; us per step)"
+    )
+    entry = calibrate(quick=not args.full, log=lambda text: print(f"  {text}"))
+    print(f"cached in {cost.cache_path()} ({entry['seconds']} s), key {cost.machine_key()!r}")
+    if cost.mode() == "builtin":
+        print(f"note: {cost.ENV}=builtin: the library does not use it meanwhile")
+    print()
+    _print_tables(cost.valid_row(entry["cpu"]), "this machine")
+
+
+def _print_tables(row: dict, name: str) -> None:
+    from .options import auto_cfactor
+
+    builtin = cost.BUILTIN["cpu"]
+    cols = f"{'o us':>7} {'c us/row':>9} {'o/c rows':>9}"
+    print(f"{'':<8} {name:<27}   built-in (AMD EPYC)")
+    print(f"{'kind':<8} {cols}   {cols}")
+    for kind in cost.KINDS:
+        cells = [f"{o:7.1f} {c:9.3f} {o / c:9.1f}" for o, c in (row[kind], builtin[kind])]
+        print(f"{kind:<8} {cells[0]}   {cells[1]}")
+    print('cfactor="auto" (o/c of "step" drives it):')
+    for T, B, H in SHAPES:
+        picks = []
+        for table in (row, builtin):
+            with cost.use(table):
+                picks.append(auto_cfactor(T, B, H))
+        print(f"  T={T:<6} B={B:<3} H={H:<4} {name}: {picks[0]:<4} built-in: {picks[1]}")

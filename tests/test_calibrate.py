@@ -1,0 +1,225 @@
+"""The per-machine calibration of the cost model: fit, cache, choice of table, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from mgrit_gru import calibrate, cost
+from mgrit_gru.cli import main
+from mgrit_gru.options import auto_cfactor
+
+ROW = {"step": (12.0, 0.5), "fused": (10.0, 0.8), "adjoint": (5.0, 0.25)}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Every test gets an empty cache folder of its own and a fresh cost-model state."""
+    monkeypatch.setenv(cost.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(cost.ENV, "builtin")  # as conftest sets it for the whole suite
+    cost.reset()
+    yield
+    cost.reset()
+
+
+def _cached_mode(monkeypatch):
+    monkeypatch.setenv(cost.ENV, "cached")  # the default outside the test suite
+    cost.reset()
+
+
+def test_fit_recovers_known_overhead_and_cost_per_row():
+    o, c = 32.0, 0.4
+    points = [(r, o + c * r) for r in calibrate.ROWS]
+    assert calibrate.fit(points) == pytest.approx((o, c))
+    # relative noise of 2%, alternating: the intercept stays close (relative weighting)
+    noisy = [(r, t * (1.02 if i % 2 else 0.98)) for i, (r, t) in enumerate(points)]
+    fo, fc = calibrate.fit(noisy)
+    assert fo == pytest.approx(o, rel=0.1) and fc == pytest.approx(c, rel=0.05)
+    assert calibrate.fit([(8, 1.0), (2048, 1000.0)])[0] == 0.0  # o clamped at 0
+    # the table at H = 64, or scaled from the nearest H
+    assert calibrate.at_h64({32: (1.0, 9.0), 64: (2.0, 0.5)}) == (2.0, 0.5)
+    o128, c128 = calibrate.at_h64({128: (3.0, 0.4 * 2**cost.H_EXPONENT)})
+    assert (o128, c128) == (3.0, pytest.approx(0.4))
+
+
+def test_builtin_without_a_cache_and_when_asked(monkeypatch):
+    assert cost.active().origin == "builtin" and cost.table() is cost.BUILTIN
+    calibrate.save(ROW)  # a cache for this machine: MGRIT_GRU_CALIBRATION=builtin ignores it
+    assert cost.mode() == "builtin" and cost.active().origin == "builtin"
+    assert cost.overhead_rows(64) == pytest.approx(80.0)
+
+
+def test_cache_round_trip_keyed_by_machine_and_torch(tmp_path, monkeypatch):
+    _cached_mode(monkeypatch)
+    path = cost.cache_path()
+    assert path == tmp_path / "cache" / "calibration.json"
+    assert cost.active().origin == "builtin"  # nothing cached yet
+    other = {"Some other CPU | torch 0.1 | threads 1 | cpu": {"cpu": {"step": [1, 1]}}}
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(other))
+    cost.reload()
+    assert cost.active().origin == "builtin"  # another machine's entry is not ours
+    entry = calibrate.save(ROW, form="quick")
+    data = json.loads(path.read_text())
+    key = cost.machine_key()
+    assert set(data) == set(other) | {key} and data[key] == entry
+    assert cost.cpu_name() in key and torch.__version__ in key and "threads 1" in key
+    assert entry["cpu_name"] == cost.cpu_name() and entry["threads"] == 1 and entry["measured"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["calibration.json"]  # no tmp left
+    now = cost.active()
+    assert now.origin == "cached" and now.path == str(path) and cost.cpu_name() in now.describe()
+    assert now.table["cpu"] == ROW and now.table["cuda"] == cost.BUILTIN["cuda"]
+    assert cost.overhead_rows(64) == pytest.approx(24.0)
+    assert cost.step_us("adjoint", 10, 128) == pytest.approx(5.0 + 0.25 * 10 * 2**1.75)
+    # another CPU or another torch: not this machine's entry
+    monkeypatch.setattr(cost, "cpu_name", lambda: "Intel Xeon Test")
+    cost.reload()
+    assert cost.active().origin == "builtin"
+    monkeypatch.undo()
+    _cached_mode(monkeypatch)
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    cost.reload()
+    assert cost.active().origin == "builtin"
+
+
+def test_unusable_caches_fall_back_to_builtin(monkeypatch):
+    _cached_mode(monkeypatch)
+    path = cost.cache_path()
+    path.parent.mkdir(parents=True)
+    for text in ("{not json", "[1, 2]", json.dumps({cost.machine_key(): {"cpu": {"step": 1}}})):
+        path.write_text(text)
+        cost.reload()
+        assert cost.active().origin == "builtin"
+    bad = {k: [1.0, 0.0] for k in cost.KINDS}  # c = 0
+    path.write_text(json.dumps({cost.machine_key(): {"cpu": bad}}))
+    cost.reload()
+    assert cost.active().origin == "builtin"
+    with pytest.raises(calibrate.CalibrationError):
+        calibrate.save({"step": (1.0, -1.0), "fused": (1.0, 1.0), "adjoint": (1.0, 1.0)})
+
+
+def test_environment_override(monkeypatch):
+    _cached_mode(monkeypatch)
+    calibrate.save(ROW)
+    assert cost.active().origin == "cached"
+    monkeypatch.setenv(cost.ENV, "builtin")
+    assert cost.active().origin == "builtin" and cost.overhead_rows(64) == pytest.approx(80.0)
+    monkeypatch.setenv(cost.ENV, "cached")
+    assert cost.active().origin == "cached"  # read once, the override checked at every use
+    monkeypatch.setenv(cost.ENV, "bultin")
+    with pytest.raises(ValueError, match="MGRIT_GRU_CALIBRATION"):
+        cost.table()
+
+
+def test_pinned_table_drives_the_decisions():
+    meter_before = cost.Meter(64)
+    with cost.use(ROW) as now:
+        assert now.origin == "pinned" and cost.active() is now
+        assert cost.overhead_rows(64) == pytest.approx(24.0)
+        assert auto_cfactor(16384, 4, 64) == 256  # sqrt(28 * 65536 / 24) = 276
+        meter = cost.Meter(64)
+    assert cost.active().origin == "builtin" and auto_cfactor(16384, 4, 64) == 128
+    meter.add("step", 10)
+    meter_before.add("step", 10)
+    assert meter.spent == pytest.approx(17.0) and meter_before.spent == pytest.approx(36.0)
+    with pytest.raises(ValueError):
+        cost.use({"step": (1.0, 1.0)})
+
+
+def test_a_quick_real_measurement_is_positive_and_finite():
+    threads, rng = torch.get_num_threads(), torch.get_rng_state()
+    fits = calibrate.measure_fits(hidden=(32,), rows=(2, 128, 1024), rounds=2)
+    assert set(fits) == set(cost.KINDS) and all(set(f) == {32} for f in fits.values())
+    assert all(math.isfinite(o) and math.isfinite(c) for f in fits.values() for o, c in f.values())
+    # the caller's threads, dtype (float64 here) and random numbers are left alone
+    assert torch.get_num_threads() == threads and torch.get_default_dtype() == torch.float64
+    assert torch.equal(torch.get_rng_state(), rng)
+    with calibrate._measuring():
+        points = calibrate.time_points("fused", 16, (2, 64, 1024), rounds=1)
+    assert [r for r, _ in points] == [2, 64] and all(0 < t < 1e6 for _, t in points)
+
+
+def test_calibrate_command(monkeypatch, capsys):
+    monkeypatch.setattr(calibrate, "measure", lambda quick=True, log=None: dict(ROW))
+    assert main(["calibrate"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "cached in" in out and "this machine" in out and "built-in" in out
+    assert "T=16384 B=4 H=64 this machine: 256 built-in: 128" in out
+    assert "T=784 B=32 H=64 this machine: 128 built-in: 64" in out
+    entry = json.loads(cost.cache_path().read_text())[cost.machine_key()]
+    assert entry["cpu"] == {k: list(v) for k, v in ROW.items()} and entry["form"] == "quick"
+    assert main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "in use: built-in" in out and "not used" in out  # builtin asked: the built-in table
+    _cached_mode(monkeypatch)
+    assert main(["calibrate", "--show"]) == 0
+    assert "in use: this machine's calibration" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--quick", "--full"])
+
+
+def test_calibrate_show_without_a_cache(capsys):
+    assert main(["calibrate", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "in use: built-in" in out and "no calibration cached" in out
+    assert "step" in out and "80.0" in out
+
+
+class _Cfg:
+    solver, device, time_parallel = "auto", "cpu", 1
+
+
+def test_a_training_run_measures_once_records_and_resumes_alike(tmp_path, monkeypatch):
+    _cached_mode(monkeypatch)
+    calls, lines = [], []
+    monkeypatch.setattr(
+        calibrate, "measure", lambda quick=True, log=None: calls.append(quick) or dict(ROW)
+    )
+    run = tmp_path / "run"
+    now = calibrate.for_run(_Cfg(), run, resume=False, log=lines.append)
+    assert calls == [True] and len(lines) == 1 and str(cost.cache_path()) in lines[0]
+    assert now.origin == "pinned" and cost.overhead_rows(64) == pytest.approx(24.0)
+    record = json.loads((run / calibrate.RUN_FILE).read_text())
+    assert record["origin"] == "cached" and record["cpu"] == {k: list(v) for k, v in ROW.items()}
+    calibrate.for_run(_Cfg(), tmp_path / "run2", resume=False, log=lines.append)
+    assert calls == [True] and len(lines) == 1  # cached: measured once per machine
+    # the cache changes (a new calibration); the run resumes with its own table
+    calibrate.save({k: (o * 2, c) for k, (o, c) in ROW.items()})
+    cost.reset()
+    assert cost.overhead_rows(64) == pytest.approx(48.0)
+    calibrate.for_run(_Cfg(), run, resume=True)
+    assert cost.overhead_rows(64) == pytest.approx(24.0)
+    # a run without a record (from before calibrations) resumes with the built-in table
+    calibrate.for_run(_Cfg(), tmp_path / "old", resume=True)
+    assert cost.active().origin == "builtin" and not (tmp_path / "old").exists()
+
+
+def test_runs_that_need_no_calibration(tmp_path, monkeypatch):
+    _cached_mode(monkeypatch)
+    monkeypatch.setattr(calibrate, "measure", lambda **kw: pytest.fail("measured"))
+    for solver, device in (("serial", "cpu"), ("torch", "cpu"), ("auto", "cuda:0")):
+        cfg = _Cfg()
+        cfg.solver, cfg.device = solver, device
+        calibrate.for_run(cfg, tmp_path / solver, resume=False)
+        assert not (tmp_path / solver).exists()
+    cfg = _Cfg()
+    cfg.time_parallel = 2  # ranks decide alike: the built-in table
+    assert calibrate.for_run(cfg, tmp_path / "tp", resume=False).origin == "builtin"
+    # MGRIT_GRU_CALIBRATION=builtin: nothing measured, the built-in table recorded
+    monkeypatch.setenv(cost.ENV, "builtin")
+    cost.reset()
+    assert calibrate.for_run(_Cfg(), tmp_path / "t", resume=False).table is cost.BUILTIN
+    assert json.loads((tmp_path / "t" / calibrate.RUN_FILE).read_text())["origin"] == "builtin"
+
+
+def test_a_refused_run_folder_is_left_alone(tmp_path):
+    (tmp_path / "file").write_text("x")
+    calibrate.for_run(_Cfg(), tmp_path / "file", resume=False)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "checkpoint.pt").write_text("x")
+    calibrate.for_run(_Cfg(), tmp_path / "held", resume=False)
+    assert sorted(p.name for p in (tmp_path / "held").iterdir()) == ["checkpoint.pt"]
+    assert (tmp_path / "file").read_text() == "x"
