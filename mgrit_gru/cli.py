@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .app.train import Interrupted
+    from .distributed import TimeParallelError
     from .gru.solve import DivergenceError
 
     parser = build_parser()
@@ -217,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         print(f"mgrit-gru {args.command}: {exc}", file=sys.stderr)
         return 130  # the shell's code for a run stopped by Ctrl-C
+    except TimeParallelError as exc:  # a rank died or hung: its partner says so, once
+        print(f"mgrit-gru {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 3
     except (ValueError, TypeError, OSError, DatasetError, DivergenceError) as exc:
         print(f"mgrit-gru {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2

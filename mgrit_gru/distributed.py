@@ -124,7 +124,7 @@ class TimeGroup:
         except (RuntimeError, ValueError, AttributeError):
             return None
 
-    def failed(self, what: str, exc: Exception) -> RuntimeError:
+    def failed(self, what: str, exc: Exception) -> TimeParallelError:
         """The error for a failed ``what``, naming the ranks that did not answer a roll call."""
         missing = self.roll_call()
         if missing is None:
@@ -136,7 +136,14 @@ class TimeGroup:
             )
         else:
             who = "every rank answered a roll call (a rank's calls diverged from the others')"
-        return RuntimeError(f"time-parallel rank {self.rank}: {what} failed; {who} ({exc})")
+        text = " ".join(str(exc).split())
+        return TimeParallelError(f"time-parallel rank {self.rank}: {what} failed; {who} ({text})")
+
+
+class TimeParallelError(RuntimeError):
+    """An exchange between time-parallel ranks failed: a rank died, hung past the process
+    group's timeout, or its calls diverged from the others'. The message names the ranks that
+    did not answer a roll call; ``mgrit-gru`` prints it as one line and exits with 3."""
 
 
 def _exchange(what: str):

@@ -532,3 +532,24 @@ def test_last_stats_under_activation_checkpointing(reentrant):
     assert gru.last_stats is stats
     assert len(stats.forward) == 4 and len(stats.backward) == 4
     assert all(s.by_mgrit for s in stats.backward)
+
+
+def test_a_failed_rank_is_one_line_and_exit_code_3(monkeypatch, capsys, tmp_path):
+    """A time-parallel rank that dies or hangs: its partner's error (a chain of a gloo error
+    and the roll call's verdict) reaches the user as one line, with its own exit code."""
+    from mgrit_gru.app import train as train_module
+    from mgrit_gru.distributed import TimeParallelError
+
+    def dead(*args, **kwargs):
+        try:
+            raise RuntimeError("Connection closed by peer\n[gloo/transport/tcp]")
+        except RuntimeError as exc:
+            raise TimeParallelError(
+                "time-parallel rank 0: the residual reduction failed; rank(s) [1] did not "
+                f"answer a roll call within 5 s: they died or are hanging ({exc})"
+            ) from exc
+
+    monkeypatch.setattr(train_module, "train", dead)
+    argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]
+    err = _one_line_error(argv, capsys, code=3)
+    assert "rank(s) [1] did not answer" in err and "Traceback" not in err
