@@ -221,6 +221,11 @@ def _hang_worker(rank: int, size: int, port: int) -> None:
     with pytest.raises(RuntimeError, match=r"failed; rank\(s\) \[2\] did not answer.*hang"):
         gru(x)[0].sum().backward()
     assert time.monotonic() - start < 8.0  # the 3 s timeout plus the 1 s roll call
+    # rank 0 hosts the rendezvous store: it stays until the other survivor's roll call is over
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"hang-test/done/{rank}", "1")
+    if rank == 0:
+        store.wait([f"hang-test/done/{r}" for r in (0, 1)], timedelta(seconds=30))
     dist.destroy_process_group()
 
 
