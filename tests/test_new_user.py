@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import threading
@@ -553,3 +554,30 @@ def test_a_failed_rank_is_one_line_and_exit_code_3(monkeypatch, capsys, tmp_path
     argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(tmp_path / "r")]
     err = _one_line_error(argv, capsys, code=3)
     assert "rank(s) [1] did not answer" in err and "Traceback" not in err
+
+
+def test_speed_line_says_why_auto_solved_serially(f32):
+    """The closing speed line explains a low MGRIT share in words: the cycles these weights
+    need and what a cycle costs against a serial sweep."""
+    from mgrit_gru.app.speed import _why_serial, speed_line
+    from mgrit_gru.app.train import Classifier
+
+    cfg = TrainConfig(**{**SMALL, "solver": "auto"})
+    torch.manual_seed(0)
+    model = Classifier(cfg, 2, 10)
+    with torch.no_grad():
+        model.rnn.bias_hh_l0[cfg.hidden : 2 * cfg.hidden] += 3.0  # long memory: cycles
+    x, y = torch.randn(8, 300, 2), torch.randint(0, 10, (8,))
+    why = _why_serial(model, (x, None, y))
+    assert re.search(r"need \d+ forward / \d+ adjoint cycles here", why), why
+    assert re.search(r"one cycle at batch 8 costs about [\d.]+ serial sweeps", why), why
+    result = {
+        "solver": "auto",
+        "batches": 1,
+        "threads": 1,
+        "step_ms": {"auto": 2.0, "serial": 2.0},
+        "mgrit_share": 0.0,
+        "why": why,
+    }
+    line = speed_line(result)
+    assert "MGRIT gave 0% of the solves (the rest were solved serially: these weights" in line

@@ -62,6 +62,9 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
                     done, total = stats.mgrit_share
                     share[0] += done
                     share[1] += total
+    why = None
+    if cfg.solver == "auto" and share[1] and share[0] < share[1] and isinstance(model.rnn, GRU):
+        why = _why_serial(models[cfg.solver], work[0])
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     own = ms[cfg.solver]
     result = {
@@ -73,8 +76,29 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
         "x_torch": ms["torch"] / own if "torch" in ms else None,
         "x_serial": ms["serial"] / own if "serial" in ms else None,
         "mgrit_share": share[0] / share[1] if share[1] else None,
+        "why": why,
     }
     return result
+
+
+def _why_serial(model, batch) -> str:
+    """Why the automatic choice solved (some of) the calls serially, in words: what one
+    training step of these weights costs MGRIT (an explicit ``MGRIT()`` on one batch: its
+    cycles, and a cycle's modelled cost against a serial sweep's)."""
+    probe = copy.deepcopy(model)
+    probe.rnn.solver = MGRIT()
+    _step(probe, *batch)
+    stats = probe.rnn.last_stats
+    solves = [s for s in stats.solves if s.iterations > 0 and s.serial_cost > 0]
+    cycles = f"{stats.forward_iterations} forward / {stats.backward_iterations} adjoint cycles"
+    if not solves:
+        return f"these weights need {cycles} here"
+    per_cycle = max(s.cost / (s.iterations + 1) / s.serial_cost for s in solves)
+    rows = batch[0].shape[0]
+    return (
+        f"these weights need {cycles} here, and one cycle at batch {rows} costs about "
+        f"{per_cycle:.1f} serial sweeps on this machine's cost model"
+    )
 
 
 def speed_line(result: dict) -> str:
@@ -92,4 +116,6 @@ def speed_line(result: dict) -> str:
     )
     if result.get("mgrit_share") is not None:
         text += f"; MGRIT gave {100 * result['mgrit_share']:.0f}% of the solves"
+    if result.get("why"):
+        text += f" (the rest were solved serially: {result['why']})"
     return text
