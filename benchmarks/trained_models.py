@@ -247,7 +247,7 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
             i["g_err"] = max(i["g_err"], rel(g, grad))
             s = getattr(m.rnn, "last_stats", None)
             if s is not None:
-                i["fallbacks"] += sum(t.fell_back and not t.skipped for t in s.solves)
+                i["fallbacks"] += sum(t.abandoned for t in s.solves)
                 i["fwd"].append(s.forward_iterations)
                 i["bwd"].append(s.backward_iterations)
     for _ in range(repeats):

@@ -412,14 +412,19 @@ def time_mean(
     first; this rank's slice of a sequence of ``steps``), over each sequence's own
     ``lengths`` if given: a local sum, then a differentiable all-reduce (every rank gets the
     mean and its slice the mean's full gradient)."""
-    t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
     if lengths is None:
         total, count = y.sum(1), y.new_tensor(float(steps))
     else:
-        t = torch.arange(t0, t0 + y.shape[1], device=y.device)
-        valid = (t[None, :] < lengths.to(y.device)[:, None]).to(y.dtype)
-        total, count = (y * valid.unsqueeze(-1)).sum(1), lengths.to(y.device, y.dtype)[:, None]
+        valid = _valid_steps(y, tg, steps, cfactor, lengths).to(y.dtype)
+        total, count = (y * valid).sum(1), lengths.to(y.device, y.dtype)[:, None]
     return _SumOverRanks.apply(total, tg.group) / count
+
+
+def _valid_steps(y: Tensor, tg: TimeGroup, steps: int, cfactor: int, lengths: Tensor) -> Tensor:
+    """``(B, T_local, 1)``: which of this rank's steps lie within each sequence's length."""
+    t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
+    t = torch.arange(t0, t0 + y.shape[1], device=y.device)
+    return (t[None, :] < lengths.to(y.device)[:, None]).unsqueeze(-1)
 
 
 def time_max(
@@ -430,10 +435,7 @@ def time_max(
     gradient (summed over the ranks, as :func:`time_mean`'s) flows to the rank and step that
     hold it, as ``amax`` in one process (a value held by two ranks passes it to both)."""
     if lengths is not None:
-        t0, _ = time_slices(steps, tg.size, cfactor)[tg.rank]
-        t = torch.arange(t0, t0 + y.shape[1], device=y.device)
-        valid = t[None, :] < lengths.to(y.device)[:, None]
-        y = y.masked_fill(~valid.unsqueeze(-1), float("-inf"))
+        y = y.masked_fill(~_valid_steps(y, tg, steps, cfactor, lengths), float("-inf"))
     return _MaxOverRanks.apply(y.amax(1), tg.group)
 
 

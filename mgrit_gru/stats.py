@@ -57,6 +57,11 @@ class SolveStats:
         return self.residuals[-1] if self.residuals else 0.0
 
     @property
+    def abandoned(self) -> bool:
+        """An MGRIT try that stopped and gave way to the serial solve (not a skipped call)."""
+        return self.fell_back and not self.skipped
+
+    @property
     def by_mgrit(self) -> bool:
         """The result came from MGRIT (not from the serial solve)."""
         return self.levels > 1

@@ -158,10 +158,10 @@ class EpochStats:
         self.bwd_iters_max = max(self.bwd_iters_max, stats.backward_iterations)
         self.fwd_res_max = max(self.fwd_res_max, mgrit_residual(stats.forward))
         self.bwd_res_max = max(self.bwd_res_max, mgrit_residual(stats.backward))
-        self.fallbacks += int(any(_abandoned(s) for s in stats.solves))
+        self.fallbacks += int(any(s.abandoned for s in stats.solves))
         passes = (stats.forward, stats.backward)
         self.fell_back = tuple(
-            a + sum(_abandoned(s) for s in p) for a, p in zip(self.fell_back, passes)
+            a + sum(s.abandoned for s in p) for a, p in zip(self.fell_back, passes)
         )
         self.solves = tuple(a + len(p) for a, p in zip(self.solves, passes))
         self.by_mgrit = tuple(a + sum(s.by_mgrit for s in p) for a, p in zip(self.by_mgrit, passes))
@@ -195,11 +195,6 @@ class EpochStats:
         }
 
 
-def _abandoned(solve) -> bool:
-    """An MGRIT try that stopped and fell back to the serial solve."""
-    return solve.fell_back and not solve.skipped
-
-
 def mgrit_residual(solves) -> float:
     """The largest final residual of the solves whose result MGRIT gave (0: none)."""
     return max((s.residual for s in solves if s.by_mgrit), default=0.0)
@@ -211,7 +206,7 @@ def mgrit_figures(solves) -> str:
     used = [s for s in solves if s.by_mgrit]
     if used:
         return f"{max(s.iterations for s in used)}it {mgrit_residual(used):.0e}"
-    return "fell back" if any(_abandoned(s) for s in solves) else "serial"
+    return "fell back" if any(s.abandoned for s in solves) else "serial"
 
 
 def learning_rate(cfg: TrainConfig, step: int, per_epoch: int) -> float:
