@@ -41,16 +41,15 @@ def roundoff(dtype: torch.dtype, device_type: str = "cpu") -> float:
     eps = torch.finfo(dtype).eps
     if dtype != torch.float32:
         return eps
-    backend = torch.backends.cuda.matmul if device_type == "cuda" else None
-    if device_type != "cuda":
-        backend = getattr(torch.backends.mkldnn, "matmul", None)
+    cuda = device_type == "cuda"
+    backend = torch.backends.cuda.matmul if cuda else getattr(torch.backends.mkldnn, "matmul", None)
     precision = str(getattr(backend, "fp32_precision", "none"))
-    legacy = torch.get_float32_matmul_precision()
+    legacy = torch.get_float32_matmul_precision()  # "none" above: this older setting rules
     if precision == "bf16" or (precision == "none" and legacy == "medium"):
         return 2.0**-7
-    tf32 = device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    if precision == "tf32" or (precision == "none" and (tf32 or legacy == "high")):
-        return 2.0**-10 if device_type == "cuda" or precision == "tf32" else eps
+    legacy_tf32 = cuda and (legacy == "high" or torch.backends.cuda.matmul.allow_tf32)
+    if precision == "tf32" or (precision == "none" and legacy_tf32):
+        return 2.0**-10
     return eps
 
 
