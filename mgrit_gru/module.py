@@ -13,10 +13,19 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .autograd import gru_layer
+from .gru import reference
 from .gru.cell import CELLS
 from .gru.control import AutoChoice, DivergenceMemory
 from .options import MGRIT, Auto, as_options
-from .stats import RunStats
+from .stats import RunStats, SolveStats
+
+
+def _eager_under_compile(forward):
+    """``forward`` run eagerly inside ``torch.compile`` (torch.compiler.disable): the solve's
+    data-dependent control flow (cycles to a tolerance, the automatic choice, statistics)
+    would break or recompile a traced graph; torch.nn.GRU is a graph break too."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return forward if disable is None else disable(forward)
 
 
 class GRU(nn.Module):
@@ -320,6 +329,7 @@ class GRU(nn.Module):
             device,
         )
 
+    @_eager_under_compile
     def forward(
         self, input, hx: Optional[Tensor] = None, *, lengths: Optional[Tensor] = None
     ) -> tuple:
@@ -329,7 +339,13 @@ class GRU(nn.Module):
 
         Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
         the parameters' dtype: a floating input (and h0) of another dtype, such as bf16 from
-        an autocast layer before it, is cast to it, and the outputs come in that dtype."""
+        an autocast layer before it, is cast to it, and the outputs come in that dtype.
+
+        In a model compiled with ``torch.compile`` this call runs eagerly (a graph break, as
+        torch.nn.GRU's), the rest of the model compiled. Under ``torch.func`` transforms
+        (``grad``, ``jacrev``, ``vmap``, ...) the layers run as plain autograd code, one
+        serial step after another, which the transforms can see through; MGRIT is not used
+        there, and ``last_stats`` says so."""
         param = self.weight_ih_l0
         if _autocast_enabled(param.device.type):
             with torch.autocast(param.device.type, enabled=False):
@@ -413,6 +429,9 @@ class GRU(nn.Module):
             record.backward = self.last_stats.backward
         else:
             self.last_stats = record
+        transformed = _functorch_active()
+        if transformed and tg is not None:
+            raise ValueError("GRU: torch.func transforms are not supported with time_group=")
         h_n = []
         layer_in = x
         for layer in range(self.num_layers):
@@ -421,6 +440,21 @@ class GRU(nn.Module):
                 weights = self._weights(layer, direction)
                 w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
+                if transformed:  # torch.func: plain autograd code the transforms can follow
+                    y, h_last = reference.layer(
+                        flip(layer_in),
+                        hx[layer * directions + direction],
+                        w_ih,
+                        w_hh,
+                        b_ih,
+                        b_hh,
+                        self.cell,
+                        None if mask is None else flip(mask),
+                    )
+                    record.forward.append(_transformed_stats(solver, layer, direction, x))
+                    outs.append(flip(y))
+                    h_n.append(h_last)
+                    continue
                 if _unrolled(solver, tg):
                     y, h_last = unrolled_layer(
                         flip(layer_in),
@@ -462,6 +496,22 @@ class GRU(nn.Module):
 
 
 HALF = (torch.float16, torch.bfloat16)
+TRANSFORMED = "a torch.func transform: the layer ran as plain autograd code"
+
+
+def _functorch_active() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap, ...) is running this call."""
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def _transformed_stats(solver: MGRIT, layer: int, direction: int, x: Tensor) -> SolveStats:
+    """The record of a layer solved serially under a torch.func transform."""
+    mgrit = not solver.is_serial
+    return SolveStats(
+        "forward", layer, bool(direction), x.shape[0], 1, 0, (), True, mgrit, mgrit,
+        reason=TRANSFORMED if mgrit else None,
+    )  # fmt: skip
 
 
 def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
@@ -522,6 +572,8 @@ def _all_finite(t: Tensor) -> bool:
     """No NaN or Inf in ``t``. One NaN or Inf makes the sum NaN or Inf, so a finite sum proves
     there is none: one reduction (0.1 ms for 2M floats here, where ``isfinite(t).all()`` took
     5 ms). A sum that overflowed from finite values falls to the exact check."""
+    if _functorch_active():  # vmap cannot branch on values; NaN then propagates as in torch
+        return True
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
