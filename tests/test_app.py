@@ -226,6 +226,9 @@ def test_eval_and_compare(tmp_path, capsys):
     for solver in ("serial", "mgrit", "torch"):
         assert f"| {solver} |" in report and (out / solver / "checkpoint.pt").exists()
     assert "percentage points" in report and (out / "compare_test_accuracy.png").exists()
+    summary = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| ")}
+    for exact in ("| serial", "| torch"):  # no MGRIT cycles: "-", not 0.00
+        assert summary[exact].split(" | ")[6:8] == ["-", "-"], summary[exact]
     # same init and data order: serial and MGRIT agree closely after 2 epochs
     rows = {
         s: json.loads((out / s / "metrics.jsonl").read_text().splitlines()[-1])
@@ -379,16 +382,32 @@ def test_compare_over_seeds_summarises_the_gap(tmp_path, capsys):
 def test_cosine_schedule_is_a_function_of_the_step():
     from mgrit_gru.app.train import learning_rate
 
-    cfg = TrainConfig(**{**SMALL, "epochs": 4, "lr": 0.01})
+    cfg = TrainConfig(**{**SMALL, "epochs": 4, "lr": 0.01, "warmup": 0.0})
     rates = [learning_rate(cfg, step, 3) for step in range(13)]
     assert rates[0] == 0.01 and rates[12] == 0.0 and rates[6] == pytest.approx(0.005)
     assert all(a >= b for a, b in zip(rates, rates[1:]))
     flat = cfg.replace(schedule="constant")
     assert {learning_rate(flat, s, 3) for s in range(13)} == {0.01}
     # runs from before the schedule existed kept a constant rate, and resume that way
-    old = {k: v for k, v in cfg.to_dict().items() if k not in ("schedule", "coarse")}
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("schedule", "coarse", "warmup")}
     assert TrainConfig.from_dict(old).schedule == "constant"
     assert TrainConfig.from_dict(old).coarse == "implicit"
+    assert TrainConfig.from_dict(old).warmup == 0.0  # and without a warm-up
+
+
+def test_warmup_ramps_the_schedule_linearly():
+    from mgrit_gru.app.train import learning_rate
+
+    cfg = TrainConfig(**{**SMALL, "epochs": 4, "lr": 0.01, "warmup": 1.0})
+    cold = cfg.replace(warmup=0.0)
+    ramp = [learning_rate(cfg, s, 4) / learning_rate(cold, s, 4) for s in range(4)]
+    assert ramp == pytest.approx([0.25, 0.5, 0.75, 1.0])  # the first epoch's 4 steps
+    assert [learning_rate(cfg, s, 4) for s in range(4, 16)] == [
+        learning_rate(cold, s, 4) for s in range(4, 16)
+    ]
+    assert learning_rate(cfg.replace(schedule="constant"), 1, 4) == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="--warmup must be a finite number >= 0"):
+        cfg.replace(warmup=-1.0)
 
 
 @pytest.mark.parametrize("pool", ["last", "mean", "max"])

@@ -271,6 +271,10 @@ def write_compare_report(
         f"{own}'s speed-up over it | mean fwd it | mean bwd it | fallbacks | MGRIT share |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    def cycles(solver, h, direction):  # the exact solvers run no MGRIT cycle: "-", not 0.00
+        exact = solver in ("serial", "torch")
+        return "-" if exact else f"{statistics.mean(r[f'{direction}_iters_mean'] for r in h):.2f}"
+
     for solver, (_, h) in runs.items():
         share = "-"
         if solver not in ("serial", "torch") and h and "mgrit_share_fwd" in h[0]:
@@ -280,8 +284,7 @@ def write_compare_report(
             f"| {solver} | {h[-1]['test_acc']:.4f} | {max(r['test_acc'] for r in h):.4f} | "
             f"{h[-1]['train_loss']:.4f} | {totals[solver]:.1f} | "
             f"{totals[solver] / totals[own]:.2f}x | "
-            f"{statistics.mean(r['fwd_iters_mean'] for r in h):.2f} | "
-            f"{statistics.mean(r['bwd_iters_mean'] for r in h):.2f} | "
+            f"{cycles(solver, h, 'fwd')} | {cycles(solver, h, 'bwd')} | "
             f"{sum(r['fallbacks'] for r in h)} | {share} |"
         )
     if own != "serial" and "serial" in runs:
