@@ -36,7 +36,7 @@ def _opt(default: Any, helptext: str, *choices: str) -> Any:
 NOT_TRAINING = ("threads", "timeout")
 
 # What a run did before a field existed, where that differs from the field's default now.
-BEFORE_FIELD = {"schedule": "constant", "coarse": "implicit", "pool": "last"}
+BEFORE_FIELD = {"schedule": "constant", "coarse": "implicit", "pool": "last", "warmup": 0.0}
 
 # --recipe presets: option values under the ones given on the command line.
 RECIPES = {
@@ -216,7 +216,12 @@ class TrainConfig:
         "(--no-early-exit: run every sweep to the end)",
     )
     optimizer: str = _opt("adam", "the optimiser", "adam", "sgd", "rmsprop")
-    lr: float = _opt(3e-3, "learning rate (the peak of the schedule)")
+    lr: float = _opt(2e-3, "learning rate (the peak of the schedule)")
+    warmup: float = _opt(
+        1.0,
+        "epochs of linear learning-rate warm-up from 0 at the start of the run (multiplies "
+        "--schedule; 0: none)",
+    )
     schedule: str = _opt(
         "cosine",
         "learning-rate schedule over the run's steps: cosine (from --lr down to 0 at the last "
@@ -252,7 +257,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
-        for name in ("lr", "weight_decay", "clip", "dropout", "timeout"):
+        for name in ("lr", "warmup", "weight_decay", "clip", "dropout", "timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"--{_flag(name)} must be a finite number >= 0, got {value!r}")

@@ -271,6 +271,7 @@ def write_compare_report(
         f"{own}'s speed-up over it | mean fwd it | mean bwd it | fallbacks | MGRIT share |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
     def cycles(solver, h, direction):  # the exact solvers run no MGRIT cycle: "-", not 0.00
         exact = solver in ("serial", "torch")
         return "-" if exact else f"{statistics.mean(r[f'{direction}_iters_mean'] for r in h):.2f}"

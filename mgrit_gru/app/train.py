@@ -212,11 +212,14 @@ def mgrit_figures(solves) -> str:
 def learning_rate(cfg: TrainConfig, step: int, per_epoch: int) -> float:
     """The learning rate of training step ``step`` (counted from 0 over the whole run): a
     function of the step alone, so a resumed run follows the same schedule. Cosine decays
-    from --lr to 0 over --epochs (a run resumed with more epochs stretches the rest)."""
-    if cfg.schedule == "constant":
-        return cfg.lr
-    total = max(cfg.epochs * per_epoch, 1)
-    return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(step, total) / total))
+    from --lr to 0 over --epochs (a run resumed with more epochs stretches the rest); a
+    --warmup of w epochs multiplies it by a ramp that reaches 1 after w epochs' steps."""
+    rate = cfg.lr
+    if cfg.schedule == "cosine":
+        total = max(cfg.epochs * per_epoch, 1)
+        rate = 0.5 * cfg.lr * (1.0 + math.cos(math.pi * min(step, total) / total))
+    ramp = cfg.warmup * per_epoch
+    return rate * min(1.0, (step + 1) / ramp) if ramp > 0 else rate
 
 
 def _batches(n: int, size: int, order: Optional[Tensor] = None):
