@@ -395,6 +395,26 @@ def test_cosine_schedule_is_a_function_of_the_step():
     assert TrainConfig.from_dict(old).warmup == 0.0  # and without a warm-up
 
 
+def test_update_bias_lengthens_the_initial_memory():
+    from mgrit_gru.app.train import Classifier
+
+    cfg = TrainConfig(**{**SMALL, "layers": 2, "bidirectional": True})
+    torch.manual_seed(0)
+    plain = Classifier(cfg.replace(update_bias=0.0), 1, 3)
+    torch.manual_seed(0)
+    biased = Classifier(cfg.replace(update_bias=2.0), 1, 3)
+    H = cfg.hidden
+    for (name, a), (_, b) in zip(plain.named_parameters(), biased.named_parameters()):
+        shift = torch.zeros_like(a)
+        if name.startswith("rnn.bias_hh"):  # every layer and direction, the z block only
+            shift[H : 2 * H] = 2.0
+        torch.testing.assert_close(b - a, shift)
+    old = {k: v for k, v in cfg.to_dict().items() if k != "update_bias"}
+    assert TrainConfig.from_dict(old).update_bias == 0.0  # runs from before it: torch's init
+    with pytest.raises(ValueError, match="--update-bias must be a finite number"):
+        cfg.replace(update_bias=float("nan"))
+
+
 def test_warmup_ramps_the_schedule_linearly():
     from mgrit_gru.app.train import learning_rate
 

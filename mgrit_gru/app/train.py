@@ -59,6 +59,11 @@ class Classifier(nn.Module):
         self.rnn = rnn
         self.directions = 2 if cfg.bidirectional else 1
         self.head = nn.Linear(cfg.hidden * self.directions, classes)
+        if cfg.update_bias:  # a longer initial memory: b_hz's update-gate block (rows H..2H)
+            with torch.no_grad():
+                for name, p in self.rnn.named_parameters():
+                    if name.startswith("bias_hh"):
+                        p[cfg.hidden : 2 * cfg.hidden] += cfg.update_bias
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
         if self.time_group is not None:  # this rank's slice of time, the global lengths
