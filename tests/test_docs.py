@@ -299,9 +299,11 @@ def _check_parses(words: list[str], loose: bool) -> Optional[str]:
         if argv[0] not in subs:
             return f"{program} has no subcommand {argv[0]!r}"
         sub, rest = subs[argv[0]], argv[1:]
-    # exact flags: argparse would take an abbreviation (--epoch for --epochs) silently
+    # exact flags: argparse would take an abbreviation (--epoch for --epochs) silently; words
+    # after a bare "--" are another program's (a script's pass-through)
     known = sub._option_string_actions
-    unknown = [w for w in rest if w.startswith("--") and w.split("=")[0] not in known]
+    own = rest[: rest.index("--")] if "--" in rest else rest
+    unknown = [w for w in own if w.startswith("--") and w.split("=")[0] not in known]
     if unknown:
         return f"{program}: unknown {unknown}"
     if loose:
