@@ -440,50 +440,20 @@ class GRU(nn.Module):
                 weights = self._weights(layer, direction)
                 w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
+                x_in, h_in = flip(layer_in), hx[layer * directions + direction]
+                m_in, where = None if mask is None else flip(mask), (layer, bool(direction))
                 if transformed:  # torch.func: plain autograd code the transforms can follow
-                    y, h_last = reference.layer(
-                        flip(layer_in),
-                        hx[layer * directions + direction],
-                        w_ih,
-                        w_hh,
-                        b_ih,
-                        b_hh,
-                        self.cell,
-                        None if mask is None else flip(mask),
-                    )
+                    y, h_last = reference.layer(x_in, h_in, w_ih, w_hh, b_ih, b_hh, self.cell, m_in)
                     record.forward.append(_transformed_stats(solver, layer, direction, x))
-                    outs.append(flip(y))
-                    h_n.append(h_last)
-                    continue
-                if _unrolled(solver, tg):
+                elif _unrolled(solver, tg):
                     y, h_last = unrolled_layer(
-                        flip(layer_in),
-                        hx[layer * directions + direction],
-                        (w_ih, w_hh, b_ih, b_hh),
-                        self.cell,
-                        solver,
-                        record,
-                        (layer, bool(direction)),
-                        None if mask is None else flip(mask),
+                        x_in, h_in, (w_ih, w_hh, b_ih, b_hh), self.cell, solver, record, where, m_in
                     )
-                    outs.append(flip(y))
-                    h_n.append(h_last)
-                    continue
-                y, h_last = gru_layer(
-                    flip(layer_in),
-                    hx[layer * directions + direction],
-                    w_ih,
-                    w_hh,
-                    b_ih,
-                    b_hh,
-                    self.cell,
-                    solver,
-                    record,
-                    (layer, bool(direction)),
-                    None if mask is None else flip(mask),
-                    tg,
-                    control,
-                )
+                else:
+                    y, h_last = gru_layer(
+                        x_in, h_in, w_ih, w_hh, b_ih, b_hh, self.cell, solver, record, where,
+                        m_in, tg, control,
+                    )  # fmt: skip
                 outs.append(flip(y))
                 h_n.append(h_last)
             layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
