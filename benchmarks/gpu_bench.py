@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -108,7 +109,10 @@ def forward(module, x, amp=None):
 
 def correctness(report: Report, device, sizes) -> None:
     """The device's serial and MGRIT solves against the CPU's float64 serial solve."""
-    report.line("== correctness: CUDA results against the CPU float64 serial solve")
+    report.line(
+        "== correctness: CUDA results against the CPU float64 serial solve (cuDNN's TF32 off: "
+        "torch.backends.cudnn.allow_tf32 = False)"
+    )
     rows = []
     for T, B, H in sizes:
         ref, x, w = problem(T, B, 8, H, torch.device("cpu"), torch.float64)
@@ -121,7 +125,8 @@ def correctness(report: Report, device, sizes) -> None:
             ("auto", "auto", 1e-3),
         ):
             module = mgrit_gru.GRU.from_torch(ref, solver=solver).to(device, torch.float32)
-            y, g = train_step(module, x.to(device, torch.float32), w.to(device, torch.float32))
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                y, g = train_step(module, x.to(device, torch.float32), w.to(device, torch.float32))
             err_y = (y.double().cpu() - y0).abs().max().item()
             err_g = ((g.double().cpu() - g0).norm() / g0.norm()).item()
             ok = err_y < bound and err_g < 10 * bound
@@ -133,6 +138,13 @@ def correctness(report: Report, device, sizes) -> None:
             if not ok:
                 report.fail(f"correctness {name} T={T} B={B} H={H}: {err_y:.1e} / {err_g:.1e}")
     report.put("correctness", rows)
+
+
+def refused(report: Report, rows: list, shape: dict, name: str, exc: Exception) -> None:
+    """A solver that raised at this shape: recorded as a row with its error."""
+    text = " ".join(str(exc).split())[:160]
+    rows.append({**shape, "solver": name, "error": text})
+    report.line(f"  {shape} {name}: raised {type(exc).__name__}: {text}")
 
 
 # -- 2. the table against cuDNN ------------------------------------------------------------
@@ -161,13 +173,18 @@ def table(report: Report, device, budget: Budget, grid, serial_max_T: int) -> No
                 solvers["serial"] = mgrit_gru.GRU.from_torch(ref, solver="serial")
             base = {}
             for name, module in solvers.items():
-                fwd = timed(functools.partial(forward, module, x, amp), device)
-                step = timed(functools.partial(train_step, module, x, w, amp), device)
+                try:
+                    fwd = timed(functools.partial(forward, module, x, amp), device)
+                    step = timed(functools.partial(train_step, module, x, w, amp), device)
+                except RuntimeError as exc:  # cuDNN refuses some shapes: a row, not the end
+                    refused(report, rows, {"T": T, "B": B, "H": H, "dtype": amp_name}, name, exc)
+                    continue
                 stats = getattr(module, "last_stats", None)
                 its = "-" if stats is None else f"{stats.forward_iterations}/"
                 its += "" if stats is None else f"{stats.backward_iterations}"
                 if name == "cuDNN":
                     base = {"fwd": fwd, "train": step}
+                base = base or {"fwd": float("nan"), "train": float("nan")}
                 row = {
                     "T": T,
                     "B": B,
@@ -230,7 +247,7 @@ def calibrate(report: Report, device, rows_list, H: int) -> None:
         f'  CALIBRATION["{device.type}"] = {{"step": {fits["step"]}, "adjoint": '
         f"{fits['adjoint']}, ...}}  (model now: {cost.CALIBRATION.get(device.type)})"
     )
-    report.put("calibration", {k: list(v) for k, v in fits.items()})
+    report.put(f"calibration_H{H}", {k: list(v) for k, v in fits.items()})
 
 
 # -- 4. the early exit's host reads and 5. CUDA graphs -------------------------------------
@@ -316,6 +333,151 @@ def trained(report: Report, device, cache: Path, repeats: int, limit=None) -> No
         report.put("trained", rows)
 
 
+# -- 7. what the projection's device model needs (mgrit-gru project) ------------------------
+
+
+class _CountOps:
+    """Counts the aten operators dispatched inside a ``with`` block (each is one or more
+    kernels on CUDA)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.n += 1
+                return func(*args, **(kwargs or {}))
+
+        self.n, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def _kernels(fn, device) -> Optional[int]:
+    """CUDA kernels that ``fn()`` launches (the profiler's CUDA activity); None off CUDA or
+    where the profiler cannot see kernels."""
+    if device.type != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        sync(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(device)
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception:  # no CUPTI: the operator count stands in
+        return None
+
+
+def machine(report: Report, device, H: int) -> None:
+    """Launch latency (a tiny in-place op, back to back), a host read, memory bandwidth (a
+    large copy) and a GEMM's rate at the bulk shapes of a layer (rows x 3H x I)."""
+    tiny = torch.zeros(1, device=device)
+    n = 2000
+
+    def ops():
+        for _ in range(n):
+            tiny.add_(1.0)
+
+    op_us = 1e6 * timed(ops, device) / n
+
+    def reads():
+        for _ in range(200):
+            float(tiny)
+
+    read_us = 1e6 * timed(reads, device) / 200
+    numel = (1 << 26) if device.type == "cuda" else (1 << 20)
+    src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
+    copy_s = timed(lambda: dst.copy_(src), device)
+    bw = 2 * 4 * numel / copy_s / 1e9
+    rows = (1 << 18) if device.type == "cuda" else (1 << 12)
+    a, b = torch.randn(rows, 32, device=device), torch.randn(32, 3 * H, device=device)
+    gemm_s = timed(lambda: a @ b, device)
+    out = {
+        "op_us": op_us,
+        "host_read_us": read_us,
+        "copy_GBps": bw,
+        "gemm_rows": rows,
+        "gemm_GFLOPs": 2 * rows * 32 * 3 * H / gemm_s / 1e9,
+        "gemm_us": 1e6 * gemm_s,
+    }
+    report.line(
+        f"== machine: {op_us:.2f} us per tiny op (back to back), {read_us:.1f} us per host "
+        f"read, copy {bw:.0f} GB/s, GEMM {rows}x32x{3 * H}: {out['gemm_GFLOPs']:.0f} GFLOP/s"
+    )
+    report.put("machine", out)
+
+
+def kernels(report: Report, device, H: int, T: int) -> None:
+    """Operators (and CUDA kernels) per library step, per adjoint step and per training step
+    of the serial solver and MGRIT, at B=4, I=32."""
+    rows = 4 * 64
+    h = torch.rand(rows, H, device=device) - 0.5
+    gx, w_hh = torch.randn(rows, 3 * H, device=device), torch.randn(3 * H, H, device=device)
+    b, out_ = torch.randn(H, device=device), torch.empty(rows, H, device=device)
+    C, D = torch.rand(rows, 3 * H, device=device), torch.rand(rows, H, device=device)
+    calls = {
+        "step": functools.partial(cell.step, h, gx, w_hh, b, "classic", out=out_),
+        "adjoint": functools.partial(cell.adjoint_step, h, D, C, w_hh, out=out_),
+    }
+    ref, x, w = problem(T, 4, 32, H, device)
+    for name, solver in (("serial", "serial"), ("mgrit", MGRIT()), ("cuDNN", None)):
+        module = ref if solver is None else mgrit_gru.GRU.from_torch(ref, solver=solver)
+        calls[f"train {name} T={T}"] = functools.partial(train_step, module, x, w)
+    res = {}
+    for name, fn in calls.items():
+        fn()
+        with _CountOps() as c:
+            fn()
+        res[name] = {"ops": c.n, "kernels": _kernels(fn, device)}
+        report.line(f"== kernels: {name}: {c.n} operators, {res[name]['kernels']} CUDA kernels")
+    report.put("kernels", res)
+
+
+def projection_rows(report: Report, device, budget: Budget, Ts, serial_max_T: int) -> None:
+    """Training steps at the projection's shape (B=4, I=32, H=64): cuDNN, the serial solver,
+    MGRIT on its defaults (tolerance) and with a fixed budget (2 forward / 1 adjoint cycles),
+    with the cycles and chunk length each used: the measured side of the projection's
+    validation (``mgrit-gru project --device cuda``)."""
+    report.line("== projection rows: training step ms (median of 3), B=4 I=32 H=64")
+    rows = []
+    for T in Ts:
+        if budget.left() < 20:
+            report.line(f"  (deadline: stopped before T={T})")
+            break
+        ref, x, w = problem(T, 4, 32, 64, device)
+        solvers = {"cuDNN": None, "mgrit": MGRIT(), "budget": MGRIT(budget=mgrit_gru.Budget())}
+        if T <= serial_max_T:
+            solvers["serial"] = "serial"
+        for name, solver in solvers.items():
+            module = ref if solver is None else mgrit_gru.GRU.from_torch(ref, solver=solver)
+            try:
+                step = timed(functools.partial(train_step, module, x, w), device)
+            except RuntimeError as exc:  # cuDNN refuses some shapes: a row, not the end
+                refused(report, rows, {"T": T, "B": 4, "I": 32, "H": 64}, name, exc)
+                report.put("projection", rows)
+                continue
+            stats = getattr(module, "last_stats", None)
+            row = {"T": T, "B": 4, "I": 32, "H": 64, "solver": name, "train_ms": 1e3 * step}
+            if stats is not None and name != "serial":
+                row["cfactor"] = solver.resolve(T, 4, 64, device.type).cfactor
+                row["forward_cycles"] = stats.forward_iterations
+                row["adjoint_cycles"] = stats.backward_iterations
+            rows.append(row)
+            report.line(f"  {row}")
+            report.put("projection", rows)
+
+
+PROJECTION_T = [1024, 4096, 16384, 65536]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -347,6 +509,9 @@ def main() -> int:
             (lambda: early_exit(report, device, 256, 2, 8), 5),
             (lambda: graphs(report, device, 16, 64, 8), 1),
             (lambda: trained(report, device, Path(args.cache), 1, limit=1), 10),
+            (lambda: machine(report, device, 8), 2),
+            (lambda: kernels(report, device, 8, 64), 2),
+            (lambda: projection_rows(report, device, budget, [64, 128], 128), 5),
         ]
     else:
         grid = [(T, B, H) for T in (4096, 16384, 65536, 262144) for B in (1, 16) for H in (64, 256)]
@@ -355,8 +520,12 @@ def main() -> int:
         parts = [
             (lambda: correctness(report, device, [(4096, 4, 64), (16384, 16, 128)]), 40),
             (lambda: calibrate(report, device, [64, 1024, 16384, 131072], 128), 20),
+            (lambda: calibrate(report, device, [16, 256, 4096, 65536], 64), 20),
             (lambda: early_exit(report, device, 65536, 16, 128), 30),
             (lambda: graphs(report, device, 128, 4096, 128), 20),
+            (lambda: machine(report, device, 64), 10),
+            (lambda: kernels(report, device, 64, 1024), 15),
+            (lambda: projection_rows(report, device, budget, PROJECTION_T, 16384), 60),
             (lambda: trained(report, device, Path(args.cache), 3), 60),
             (lambda: table(report, device, budget, grid, 16384), 60),
         ]

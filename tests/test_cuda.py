@@ -43,7 +43,16 @@ def test_cuda_every_coarse_correction_float64(coarse, relax):
     assert max(max_errors(ref, ours, x, h0)) < 1e-8
 
 
-def test_cuda_auto_budget_double_backward_and_inference_mode():
+@pytest.fixture
+def no_cudnn_tf32():
+    """cuDNN's RNN uses TF32 by default (torch.backends.cudnn.allow_tf32), in torch.nn.GRU
+    and in the serial forward that runs it: 2.5e-4 from float64 on an H200. Off, for float32
+    comparisons."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
+
+def test_cuda_auto_budget_double_backward_and_inference_mode(no_cudnn_tf32):
     ref = make_ref(3, 8, dtype=torch.float32).cuda()
     x = torch.randn(3000, 2, 3, device="cuda", dtype=torch.float32, requires_grad=True)
     auto = mgrit_gru.GRU.from_torch(ref)
@@ -62,3 +71,15 @@ def test_cuda_auto_budget_double_backward_and_inference_mode():
     (gx,) = torch.autograd.grad(small(xs)[0].sum(), xs, create_graph=True)
     (gx**2).sum().backward()
     assert small.weight_hh_l0.grad is not None
+
+
+def test_cuda_serial_beyond_cudnn_limit():
+    """cuDNN refused T = 65536 on an H200 (torch.nn.GRU raises CUDNN_STATUS_NOT_SUPPORTED):
+    the serial solve falls back to the library's own loop and agrees with MGRIT."""
+    ref = make_ref(2, 4, dtype=torch.float32).cuda()
+    x = torch.randn(65536, 1, 2, device="cuda", dtype=torch.float32)
+    with torch.no_grad():
+        y_serial, h_serial = mgrit_gru.GRU.from_torch(ref, solver="serial")(x)
+        y_mgrit, h_mgrit = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT())(x)
+    assert torch.isfinite(y_serial).all()
+    assert (y_serial - y_mgrit).abs().max() < 1e-4

@@ -30,6 +30,27 @@ def test_serial_equals_torch(layers, bidirectional, batch_first, with_h0, bias):
     assert max(max_errors(ref, ours, x, h0)) < 1e-12
 
 
+def test_serial_survives_a_cudnn_refusal(monkeypatch):
+    """cuDNN refuses some shapes outright (T = 65536 on an H200, where torch.nn.GRU fails):
+    the serial forward then runs the library's own loop, with the same result."""
+    ref = make_ref(3, 5)
+    x, h0 = torch.randn(31, 2, 3), torch.randn(1, 2, 5)
+    ours = mgrit_gru.GRU.from_torch(ref, solver="serial")
+    real = torch._VF.gru
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.")
+
+    monkeypatch.setattr(torch._VF, "gru", refuse)
+    try:
+        ours_y, ours_h = ours(x, h0)
+    finally:
+        monkeypatch.setattr(torch._VF, "gru", real)
+    ref_y, ref_h = ref(x, h0)
+    assert (ours_y - ref_y).abs().max() < 1e-12 and (ours_h - ref_h).abs().max() < 1e-12
+    assert max(max_errors(ref, ours, x, h0)) < 1e-12
+
+
 MGRIT_CASES = [
     # (relax, levels, cfactor, T)
     ("F", 2, 2, 1),

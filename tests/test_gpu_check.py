@@ -29,7 +29,7 @@ def test_gpu_check_dry_run_writes_its_results(tmp_path):
     assert data["meta"]["dry_run"] and not data["failures"]
     assert {r["solver"] for r in data["correctness"]} >= {"serial", "mgrit", "auto"}
     assert {r["solver"] for r in data["table"]} >= {"cuDNN", "serial", "mgrit", "auto"}
-    assert set(data["calibration"]) == {"step", "adjoint"}
+    assert set(data["calibration_H8"]) == {"step", "adjoint"}
     assert "on_ms" in data["early_exit"]
     assert "gpu_check: tests rc=0, bench rc=0" in done.stdout
 

@@ -291,14 +291,23 @@ def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg) -> bool:
     return x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
 
 
-def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Tensor:
+def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
     """All points ``(T + 1, B, H)`` of the serial forward by ``torch._VF.gru`` (the kernel of
-    ``torch.nn.GRU``), point 0 being h0."""
+    ``torch.nn.GRU``), point 0 being h0; None where cuDNN refuses the shape."""
     params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
     T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
+    try:
+        y, _ = torch._VF.gru(
+            x, h0.unsqueeze(0), params, b_ih is not None, 1, 0.0, False, False, False
+        )
+    except RuntimeError as exc:
+        # cuDNN refuses some shapes outright (on an H200 with cuDNN 9.19: T = 65536, where
+        # torch.nn.GRU fails too); the library's own loop solves them instead
+        if "CUDNN_STATUS" in str(exc):
+            return None
+        raise
     points = x.new_empty((T + 1, B, H))
     points[0] = h0
-    y, _ = torch._VF.gru(x, h0.unsqueeze(0), params, b_ih is not None, 1, 0.0, False, False, False)
     points[1:] = y
     return points
 
@@ -403,7 +412,8 @@ def forward_solve(
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("fused" if fused else "step", steps, B, H, x.device.type)
     hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
-    state: dict = {}  # the input gates, made on their first use; the fused solve's points
+    # the input gates, made on their first use; the fused solve's points, and whether it ran
+    state: dict = {"fused": fused}
 
     def gates() -> Tensor:
         if "gx" not in state:
@@ -431,10 +441,12 @@ def forward_solve(
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
-        if len(grids) == 1 and fused:
-            meter.add("fused", B, T)
+        if len(grids) == 1 and state["fused"]:
             state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
-            return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
+            if state["points"] is not None:
+                meter.add("fused", B, T)
+                return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
+            state["fused"] = False  # cuDNN refused the shape: the library's own loop solves it
         gx = gates()
         dt = None if mask is None else step_weights(fine, mask, gx)
         lo = off - fine.off
@@ -468,6 +480,7 @@ def forward_solve(
     grids, result, stats = solve_guarded(
         "forward", options, run, grids, where, control, lambda: meter.spent, serial_cost
     )
+    fused = state["fused"]
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
         hier.kept = kept[off : off + T]
         if not _worth_keeping(grids, B, steps) or (len(grids) == 1 and fused):
