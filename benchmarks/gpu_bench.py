@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -28,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 import mgrit_gru  # noqa: E402
 from mgrit_gru import MGRIT, cost  # noqa: E402
 from mgrit_gru.gru import cell  # noqa: E402
+from mgrit_gru.projection import LINKS, Machine, expand, machines, replay  # noqa: E402
+from mgrit_gru.projection.record import record_step  # noqa: E402
 
 
 class Budget:
@@ -387,6 +390,7 @@ def machine(report: Report, device, H: int) -> None:
             tiny.add_(1.0)
 
     op_us = 1e6 * timed(ops, device) / n
+    view_us = machines.op_us(device.type)[1]
 
     def reads():
         for _ in range(200):
@@ -402,6 +406,7 @@ def machine(report: Report, device, H: int) -> None:
     gemm_s = timed(lambda: a @ b, device)
     out = {
         "op_us": op_us,
+        "view_us": view_us,
         "host_read_us": read_us,
         "copy_GBps": bw,
         "gemm_rows": rows,
@@ -409,7 +414,8 @@ def machine(report: Report, device, H: int) -> None:
         "gemm_us": 1e6 * gemm_s,
     }
     report.line(
-        f"== machine: {op_us:.2f} us per tiny op (back to back), {read_us:.1f} us per host "
+        f"== machine: {op_us:.2f} us per tiny op (back to back), {view_us:.2f} us per view, "
+        f"{read_us:.1f} us per host "
         f"read, copy {bw:.0f} GB/s, GEMM {rows}x32x{3 * H}: {out['gemm_GFLOPs']:.0f} GFLOP/s"
     )
     report.put("machine", out)
@@ -441,13 +447,45 @@ def kernels(report: Report, device, H: int, T: int) -> None:
     report.put("kernels", res)
 
 
+def sweeps(report: Report, device, rows_list, H: int) -> None:
+    """The library's step and adjoint step as the solves run them (an F-relaxation through
+    the cycle: indexing, the meter, the loop), per row count: the device model's steps."""
+    from mgrit_gru import calibrate as cal
+
+    report.line(f"== sweeps on {device.type} (H={H}): us per step as the solves run them")
+    fits = {}
+    for kind in ("step", "adjoint"):
+        pts = []
+        for rows in rows_list:
+            fn, per = cal._sweep(kind, rows, H, 32, device.type)
+            pts.append((rows, 1e6 * timed(fn, device) / per))
+        fits[kind] = machines.fit(pts)
+        report.line(
+            f"  {kind:<8} "
+            + "  ".join(f"{r}:{t:.1f}us" for r, t in pts)
+            + f"  -> o={fits[kind][0]:.1f} us, c={fits[kind][1]:.2e} us/row"
+        )
+    report.put(f"sweeps_H{H}", {k: list(v) for k, v in fits.items()})
+
+
+def predicted_ms(step, T: int, cfactor: int) -> tuple[float, list]:
+    """The H200 model's prediction (mgrit_gru.projection) for one traced step, and the
+    trace's events (recorded here, on the device)."""
+    t, _ = record_step(step, steps=T, cfactor=cfactor)
+    pred = replay(expand(t, 1), Machine(machines.H200, LINKS["shm"]))
+    return 1e3 * pred.seconds, t
+
+
 def projection_rows(report: Report, device, budget: Budget, Ts, serial_max_T: int) -> None:
     """Training steps at the projection's shape (B=4, I=32, H=64): cuDNN, the serial solver,
     MGRIT on its defaults (tolerance) and with a fixed budget (2 forward / 1 adjoint cycles),
     with the cycles and chunk length each used: the measured side of the projection's
     validation (``mgrit-gru project --device cuda``)."""
-    report.line("== projection rows: training step ms (median of 3), B=4 I=32 H=64")
-    rows = []
+    report.line(
+        "== projection rows: training step ms (median of 3), B=4 I=32 H=64; predicted_ms: "
+        "the H200 model of mgrit_gru.projection on the trace recorded here"
+    )
+    rows, traces = [], {}
     for T in Ts:
         if budget.left() < 20:
             report.line(f"  (deadline: stopped before T={T})")
@@ -470,6 +508,17 @@ def projection_rows(report: Report, device, budget: Budget, Ts, serial_max_T: in
                 row["cfactor"] = solver.resolve(T, 4, 64, device.type).cfactor
                 row["forward_cycles"] = stats.forward_iterations
                 row["adjoint_cycles"] = stats.backward_iterations
+            if stats is not None:
+                m = row.get("cfactor", T)
+                row["predicted_ms"], t = predicted_ms(
+                    functools.partial(train_step, module, x, w), T, m
+                )
+                if T <= 16384:
+                    traces[f"{T} {name}"] = {
+                        "meta": t.meta,
+                        "events": [asdict(e) for e in t.events],
+                    }
+                    (report.out / "traces.json").write_text(json.dumps(traces))
             rows.append(row)
             report.line(f"  {row}")
             report.put("projection", rows)
@@ -511,6 +560,7 @@ def main() -> int:
             (lambda: trained(report, device, Path(args.cache), 1, limit=1), 10),
             (lambda: machine(report, device, 8), 2),
             (lambda: kernels(report, device, 8, 64), 2),
+            (lambda: sweeps(report, device, [4, 16], 8), 2),
             (lambda: projection_rows(report, device, budget, [64, 128], 128), 5),
         ]
     else:
@@ -525,6 +575,7 @@ def main() -> int:
             (lambda: graphs(report, device, 128, 4096, 128), 20),
             (lambda: machine(report, device, 64), 10),
             (lambda: kernels(report, device, 64, 1024), 15),
+            (lambda: sweeps(report, device, [4, 64, 1024, 16384], 64), 15),
             (lambda: projection_rows(report, device, budget, PROJECTION_T, 16384), 60),
             (lambda: trained(report, device, Path(args.cache), 3), 60),
             (lambda: table(report, device, budget, grid, 16384), 60),

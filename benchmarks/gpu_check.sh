@@ -59,6 +59,16 @@ if [ "$DRY" = 1 ]; then bench_args+=(--dry-run --deadline-s 40); else bench_args
 timeout $(( ${GPU_BENCH_S:-330} + 30 )) "$PY" benchmarks/gpu_bench.py "${bench_args[@]}"
 bench_rc=$?
 
-echo "gpu_check: tests rc=$tests_rc, bench rc=$bench_rc, $(( $(date +%s) - start )) s in all; results in $OUTDIR"
-if [ "$tests_rc" != 0 ] || [ "$bench_rc" != 0 ]; then exit 1; fi
+# The projection's validation on the lent machine's CPU cores (time-parallel ranks of one
+# thread each, real torchrun processes): predicted against measured, P = 1, 2, 4, 8.
+check_rc=0
+if [ "$DRY" = 0 ] && [ "${PROJECTION_CHECK_S:-240}" -gt 0 ]; then
+    timeout "${PROJECTION_CHECK_S:-240}" "$PY" benchmarks/projection_check.py --ranks 1 2 4 8 \
+        --T 4096 16384 65536 --rounds 1 --json "$OUTDIR/projection_check.json" 2>&1 \
+        | grep -v Warning | tee "$OUTDIR/projection_check.txt"
+    check_rc=${PIPESTATUS[0]}
+fi
+
+echo "gpu_check: tests rc=$tests_rc, bench rc=$bench_rc, projection check rc=$check_rc, $(( $(date +%s) - start )) s in all; results in $OUTDIR"
+if [ "$tests_rc" != 0 ] || [ "$bench_rc" != 0 ] || [ "$check_rc" != 0 ]; then exit 1; fi
 exit 0

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import workspace
+from . import trace, workspace
 from .gru import cell as gru
 from .gru import reference
 from .gru.solve import adjoint_solve, forward_solve
@@ -51,6 +51,8 @@ class GRULayerFunction(torch.autograd.Function):
         h_n = points[T].clone()
         if tg is not None:  # the global end state lives on the last rank (in this direction)
             h_n = tg.comm(reverse=where[1]).last(h_n)
+        else:
+            trace.message(trace.LAST, h_n, reverse=where[1])
         return points[1:], h_n
 
     @staticmethod
@@ -65,6 +67,8 @@ class GRULayerFunction(torch.autograd.Function):
             d_hn = comm.sum_(d_hn.clone())
             if tg.rank != comm.order[-1]:
                 d_hn.zero_()
+        else:
+            trace.message(trace.SUM, d_hn, reverse=not ctx.where[1])
         adj = adjoint_solve(
             points,
             x,
@@ -90,22 +94,28 @@ class GRULayerFunction(torch.autograd.Function):
         d_b_hh = w_hh.new_zeros(w_hh.shape[0])
         # Everything below is parallel over time: per block, the gate gradients of all its
         # steps, then GEMMs over its rows.
-        for k0, k1, lam, C, A_n in adj.blocks(T, B):
-            out = [workspace.buffer(f"bwd.block {name}", C.shape, C) for name in ("d_gx", "d_gh")]
-            g = gru.gate_grads(lam, C, A_n, gru.GateGrads(*out))
-            d_gx, d_gh = g.d_gx.view(-1, g.d_gx.shape[-1]), g.d_gh.view(-1, g.d_gh.shape[-1])
-            if d_x is not None:
-                torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
-            d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
-            d_w_hh.addmm_(d_gh.t(), points[k0:k1].reshape(-1, w_hh.shape[1]))
-            d_b_ih += d_gx.sum(0)
-            d_b_hh += d_gh.sum(0)
+        with trace.bulk("gradients", T * B, w_hh.shape[1], x):
+            for k0, k1, lam, C, A_n in adj.blocks(T, B):
+                out = [
+                    workspace.buffer(f"bwd.block {name}", C.shape, C) for name in ("d_gx", "d_gh")
+                ]
+                g = gru.gate_grads(lam, C, A_n, gru.GateGrads(*out))
+                d_gx, d_gh = g.d_gx.view(-1, g.d_gx.shape[-1]), g.d_gh.view(-1, g.d_gh.shape[-1])
+                if d_x is not None:
+                    torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
+                d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
+                d_w_hh.addmm_(d_gh.t(), points[k0:k1].reshape(-1, w_hh.shape[1]))
+                d_b_ih += d_gx.sum(0)
+                d_b_hh += d_gh.sum(0)
         d_h0 = adj.lam_rev[T].clone()
         if comm is not None:  # parameters and h0 are shared by the time slices
             if not comm.first:
                 d_h0.zero_()
             for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
                 comm.sum_(grad)
+        else:
+            for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
+                trace.message(trace.SUM, grad)
         return (
             d_x,
             d_h0 if need[1] else None,

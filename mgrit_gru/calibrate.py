@@ -77,7 +77,9 @@ def _steps(kind: str, rows: int, H: int, least: int, most: int) -> int:
     return int(min(max(UNIT_US / (o + c * rows * (H / 64) ** cost.H_EXPONENT), least), most))
 
 
-def _sweep(kind: str, rows: int, H: int, steps: int = 0) -> tuple[Callable[[], None], int]:
+def _sweep(
+    kind: str, rows: int, H: int, steps: int = 0, device: str = "cpu"
+) -> tuple[Callable[[], None], int]:
     """One F-relaxation of ``steps`` steps over ``rows`` states (chunks of one row each);
     0 steps: 16-64 by :func:`_steps`."""
     from .core import Grid
@@ -86,15 +88,17 @@ def _sweep(kind: str, rows: int, H: int, steps: int = 0) -> tuple[Callable[[], N
 
     steps = steps or _steps(kind, rows, H, 16, 64)
     grid = Grid(N=steps * rows, m=steps, n=rows)
-    meter = cost.Meter(H)
-    w_hh = torch.randn(3 * H, H) / H**0.5
+    meter = cost.Meter(H, device)
+    w_hh = torch.randn(3 * H, H, device=device) / H**0.5
     if kind == "step":
-        gates = torch.randn(grid.M, 1, 3 * H)
-        op = gs.ForwardStep(grid, gates, w_hh, torch.randn(H), "classic", meter=meter)
+        gates = torch.randn(grid.M, 1, 3 * H, device=device)
+        b = torch.randn(H, device=device)
+        op = gs.ForwardStep(grid, gates, w_hh, b, "classic", meter=meter)
     else:
-        D, C = torch.rand(grid.M, 1, H), torch.rand(grid.M, 1, 3 * H) * 0.1
+        D = torch.rand(grid.M, 1, H, device=device)
+        C = torch.rand(grid.M, 1, 3 * H, device=device) * 0.1
         op = gs.AdjointStep(grid, D, C, w_hh, meter)
-    u = torch.rand(steps, rows, 1, H) - 0.5
+    u = torch.rand(steps, rows, 1, H, device=device) - 0.5
     relax = _Solver([grid], [op], "F", LocalComm())
     return (lambda: relax.f_relax(0, u, None)), steps - 1
 

@@ -13,6 +13,7 @@ from . import bench, calibrate
 from .app.config import TrainConfig, add_config_arguments, given_overrides, with_recipe
 from .app.datasets import DatasetError
 from .app.speed import speed_line
+from .projection import cli as projection_cli
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -161,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="measure this machine's step costs for the cost model")
     calibrate.add_arguments(p)
     p.set_defaults(func=calibrate.run)
+    p = sub.add_parser(
+        "project",
+        help="projected training step at many time-parallel ranks or on a GPU (from a trace "
+        "recorded here, replayed on a modelled machine)",
+    )
+    projection_cli.add_arguments(p)
+    p.set_defaults(func=projection_cli.run)
 
     p = _training_parser(
         sub,

@@ -48,6 +48,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from . import trace
+
 # device kind -> step kind -> (o in us, c in us per row at H = 64); measured on the AMD EPYC
 BUILTIN = {
     "cpu": {"step": (32.0, 0.40), "fused": (12.0, 0.60), "adjoint": (7.0, 0.50)},
@@ -238,9 +240,12 @@ class Meter:
         self._costs = table()[_kind(device)]
         self._scale = (hidden / 64) ** H_EXPONENT
 
-    def add(self, kind: str, rows: int, calls: int = 1) -> None:
+    def add(self, kind: str, rows: int, calls: int = 1, level: int = 0) -> None:
+        """``calls`` steps of ``kind`` over ``rows`` states, at MGRIT ``level`` (-1: a serial
+        sweep); also the step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
         o, c = self._costs[kind]
         self.spent += calls * (o + c * rows * self._scale)
+        trace.work(kind, rows, self.hidden, calls, level)
 
 
 def serial_us(kind: str, steps: int, batch: int, hidden: int, device: str = "cpu") -> float:

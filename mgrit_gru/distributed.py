@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import trace
 from .core.cycle import LocalComm
 
 
@@ -220,6 +221,7 @@ class TimeContext:
             device=device,
         )
         table = [torch.empty_like(mine) for _ in range(group.size)]
+        trace.message(trace.CHECK, mine)
         try:
             dist.all_gather(table, mine, group=group.group)
         except RuntimeError as exc:
@@ -271,7 +273,7 @@ class TimeComm(LocalComm):
         reverse: bool = False,
         device: Union[str, torch.device] = "cpu",
     ):
-        self.tg, self.device = tg, device
+        self.tg, self.device, self.reverse = tg, device, reverse
         size = tg.size
         self.order = list(range(size))[::-1] if reverse else list(range(size))
         n = spans[-1][1]
@@ -293,6 +295,7 @@ class TimeComm(LocalComm):
     @_exchange("the boundary exchange")
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         nxt, prev = self._peer(1), self._peer(-1)
+        trace.message(trace.SHIFT, uend, self.reverse, nxt)
         requests, received = [], None
         if nxt is not None:
             requests.append(dist.isend(uend.contiguous(), nxt, group=self.tg.group))
@@ -309,6 +312,7 @@ class TimeComm(LocalComm):
         padded = local.new_zeros((width, *local.shape[1:]))
         padded[: local.shape[0]] = local
         parts = [torch.empty_like(padded) for _ in range(self.tg.size)]
+        trace.message(trace.GATHER, padded, self.reverse)
         dist.all_gather(parts, padded.contiguous(), group=self.tg.group)
         return torch.cat([parts[r][:c] for r, c in zip(self.order, self.counts)])
 
@@ -329,12 +333,15 @@ class TimeComm(LocalComm):
             for piece, (c0, c1) in zip(pieces, self.spans):
                 piece[: c1 - c0 + 1] = full[c0 : c1 + 1]
         root = self.tg.global_rank(self.order[0])
+        trace.message("scatter", out, self.reverse)
         dist.scatter(out, pieces, src=root, group=self.tg.group)
         return out
 
     @_exchange("a broadcast")
     def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
         value = value.clone().contiguous()
+        kind = trace.FIRST if pos == 0 else trace.LAST if pos == len(self.order) - 1 else "bcast"
+        trace.message(kind, value, self.reverse)
         dist.broadcast(value, self.tg.global_rank(self.order[pos]), group=self.tg.group)
         return value
 
@@ -344,11 +351,13 @@ class TimeComm(LocalComm):
     @_exchange("the residual reduction")
     def max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        trace.message(trace.MAX, None, self.reverse)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
         return float(t.item())
 
     @_exchange("the gradient reduction")
     def sum_(self, tensor: Tensor) -> Tensor:
+        trace.message(trace.SUM, tensor, self.reverse)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.tg.group)
         return tensor
 
@@ -358,12 +367,14 @@ class TimeComm(LocalComm):
         if prev is None:
             return None
         out = torch.empty_like(like)
+        trace.message(trace.RECV_PREV, like, self.reverse, prev)
         dist.recv(out, prev, group=self.tg.group)
         return out
 
     @_exchange("sending the end state")
     def send_next(self, value: Tensor) -> None:
         nxt = self._peer(1)
+        trace.message(trace.SEND_NEXT, value, self.reverse, nxt)
         if nxt is not None:
             dist.send(value.contiguous(), nxt, group=self.tg.group)
 

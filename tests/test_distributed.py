@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import mgrit_gru
+from mgrit_gru import trace
 from mgrit_gru.distributed import (
     TimeGroup,
     gather_time,
@@ -21,6 +22,7 @@ from mgrit_gru.distributed import (
     time_mean,
     time_slices,
 )
+from mgrit_gru.projection import comparable, expand
 
 CASES = [
     # (T, layers, bidirectional, variable lengths, MGRIT options)
@@ -90,7 +92,9 @@ def _worker(rank: int, size: int, port: int) -> None:
             wy, wh = torch.randn(T, B, D * 5), torch.randn(D * layers, B, 5)
             # the lengths end on several ranks' slices, one sequence is whole
             lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
-            ref = _grads(single, x, h0, wy, wh, 1.0, lengths)
+            m = options.cfactor
+            with trace.record(steps=T, cfactor=m) as single_trace:
+                ref = _grads(single, x, h0, wy, wh, 1.0, lengths)
             y_r, hn_r, dx_r, dh0_r, dp_r = ref
             if opts.get("tol", 1.0) <= 1e-12 or options.num_levels(T) == 1:  # and torch.nn.GRU
                 cudnn = torch.nn.GRU(3, 5, **kw)
@@ -98,16 +102,24 @@ def _worker(rank: int, size: int, port: int) -> None:
                 for a, b in zip(ref, _grads(cudnn, x, h0, wy, wh, 1.0, lengths)):
                     for u, v in zip(a, b) if isinstance(a, list) else [(a, b)]:
                         assert (u - v).abs().max() < 1e-8, (T, bidir, varlen)
-            m = options.cfactor
-            y, hn, dx, dh0, dp = _grads(
-                multi,
-                scatter_time(x, tg, m),
-                h0,
-                scatter_time(wy, tg, m),
-                wh,
-                float(rank == 0),
-                lengths,
-            )
+            with trace.record() as rank_trace:
+                y, hn, dx, dh0, dp = _grads(
+                    multi,
+                    scatter_time(x, tg, m),
+                    h0,
+                    scatter_time(wy, tg, m),
+                    wh,
+                    float(rank == 0),
+                    lengths,
+                )
+            if tg.coarse == "replicated" and options.num_levels(T) > 1:
+                # the projection's premise: each rank's work and messages are those that
+                # one process's trace, expanded to the group, says it has
+                want = comparable(expand(single_trace, size)[rank])
+                got = comparable(rank_trace.events)
+                assert any(e[0] == "message" for e in got) and any(e[0] == "work" for e in got)
+                first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+                assert got == want, (T, bidir, varlen, opts, first, len(got), len(want))
             t0, t1 = time_slices(T, size, m)[rank]
             assert y.shape[0] == t1 - t0
             errors = {

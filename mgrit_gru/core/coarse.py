@@ -28,12 +28,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import trace
 from .grid import Grid, chunk_view, pad_steps
 
 
 class DiagonalStep:
     """Coarse propagator ``v -> a_k * v`` on ``grid``, ``a`` refreshed from the finer level's
     chunk factors before each coarse solve (padding steps are the identity)."""
+
+    level = 1  # its MGRIT level, set by the cycle: for traces
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
@@ -47,6 +50,7 @@ class DiagonalStep:
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         a = self.a if j is None else self.a[j]
+        trace.work("map", u.numel() // max(u.shape[-1], 1), u.shape[-1], level=self.level)
         return torch.mul(u, a, out=out)
 
     def chunk_factors(self) -> Tensor:

@@ -28,6 +28,7 @@ from typing import Optional, Protocol
 import torch
 from torch import Tensor
 
+from .. import trace
 from .grid import Grid, chunk_ends, flat_points, to_chunks
 from .stopping import StopTest
 
@@ -96,16 +97,21 @@ class LocalComm:
         """This rank's chunks of the finest level, given its local chunk count."""
         return 0, n
 
+    # Each exchange is noted in a trace being recorded (mgrit_gru.trace): what every rank of a
+    # time group would send at this point of the algorithm.
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         """Send this rank's last point on; the previous rank's last point (None on the first)."""
+        trace.message(trace.SHIFT, uend)
         return None
 
     def gather(self, local: Tensor) -> Tensor:
         """Per-chunk values of all ranks in time order."""
+        trace.message(trace.GATHER, local)
         return local
 
     def last(self, uend: Tensor) -> Tensor:
         """The global last point (held by the last rank) on every rank."""
+        trace.message(trace.LAST, uend)
         return uend
 
     def solve_coarse(self, solve: Callable[[], Tensor], n: int, like: Tensor) -> Tensor:
@@ -116,6 +122,7 @@ class LocalComm:
         return solve()[c0 : c1 + 1]
 
     def max(self, value: float) -> float:
+        trace.message(trace.MAX, None)
         return value
 
 
@@ -153,6 +160,9 @@ class _Solver:
     ):
         self.grids = grids
         self.ops = ops
+        for level, op in enumerate(ops):  # for traces: which level's work a step is
+            if hasattr(op, "level"):
+                op.level = level if len(grids) > 1 else trace.SERIAL
         self.sweeps = cf_sweeps(relax)
         self.comm = comm
         self.project = project  # applied in place to level 0's corrected C-points

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import cost, workspace
+from .. import cost, trace, workspace
 from ..core import (
     Grid,
     SolveResult,
@@ -63,6 +63,8 @@ class ForwardStep:
     ``factors`` ``(M, B, H)``: where each step leaves its diagonal factor, for
     :meth:`chunk_factors`; ``meter``: a :class:`mgrit_gru.cost.Meter` the steps report to."""
 
+    level = 0  # its MGRIT level (-1: a serial sweep), set by the cycle: for traces
+
     def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None, keep=None, factors=None, meter=None):
         self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
         self.factors = None if factors is None else chunk_view(factors, grid)
@@ -94,7 +96,7 @@ class ForwardStep:
             u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out, keep=keep, factor=factor
         )
         if self.meter is not None:
-            self.meter.add("step", u.numel() // u.shape[-1])
+            self.meter.add("step", u.numel() // u.shape[-1], level=self.level)
         if self.pad is not None:
             c, lo, hi = self.pad
             if j is None:
@@ -113,6 +115,8 @@ class ForwardStep:
 class AdjointStep:
     """Propagator of an adjoint level: ``lam -> D * lam + (C * lam3) @ W_hh``."""
 
+    level = 0  # as ForwardStep's
+
     def __init__(self, grid, D, C, w_hh, meter=None):
         self.D, self.C, self.w_hh = chunk_view(D, grid), chunk_view(C, grid), w_hh
         self.meter = meter
@@ -120,7 +124,7 @@ class AdjointStep:
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         if self.meter is not None:
-            self.meter.add("adjoint", u.numel() // u.shape[-1])
+            self.meter.add("adjoint", u.numel() // u.shape[-1], level=self.level)
         if j is None:
             return gru.adjoint_step(u, self.D, self.C, self.w_hh, out)
         return gru.adjoint_step(u, self.D[j], self.C[j], self.w_hh, out)
@@ -239,6 +243,11 @@ def _solve_on(comm, grids, ops, u0, g, work, **options):
         start = comm.recv_prev(u0)
         result = solve(grids, ops, u0 if start is None else start, g, work=work)
         comm.send_next(result.uend)
+        return result
+    if len(grids) == 1:  # what a time group's serial solve would exchange
+        trace.message(trace.RECV_PREV, u0)
+        result = solve(grids, ops, u0, g, work=work)
+        trace.message(trace.SEND_NEXT, result.uend)
         return result
     return solve(grids, ops, u0, g, work=work, comm=comm, **options)
 
@@ -402,6 +411,7 @@ def forward_solve(
     """
     T, B = x.shape[:2]
     front = where[1]
+    trace.phase("forward", reverse=front)
     comm = None if tg is None else tg.comm(reverse=front)
     grids = _grids(T, options, 0, front, tg)
     M, off = grids[0].M, grids[0].off
@@ -419,7 +429,8 @@ def forward_solve(
         if "gx" not in state:
             gx = workspace.buffer(WIDE, (M, B, w_ih.shape[0]), x)
             gx[:off] = 0.0
-            input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
+            with trace.bulk("gates", T * B, H, x):
+                input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
             gx[off + T :] = 0.0
             state["gx"] = gx
         return state["gx"]
@@ -444,7 +455,7 @@ def forward_solve(
         if len(grids) == 1 and state["fused"]:
             state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
             if state["points"] is not None:
-                meter.add("fused", B, T)
+                meter.add("fused", B, T, level=trace.SERIAL)
                 return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
             state["fused"] = False  # cuDNN refused the shape: the library's own loop solves it
         gx = gates()
@@ -492,6 +503,9 @@ def forward_solve(
         points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
         hier.c_points = torch.cat([comm.gather(result.u[0]), comm.last(result.uend)[None]])
+    elif len(grids) > 1:  # what a time group would exchange here
+        trace.message(trace.GATHER, result.u[0])
+        trace.message(trace.LAST, result.uend)
     return points, hier, stats
 
 
@@ -628,18 +642,25 @@ def adjoint_solve(
     comm = None if tg is None else tg.comm(reverse=not reverse)
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
-    D_rev, C_rev, A_n = fine_coefficients(
-        points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
-    )
+    trace.phase("backward", reverse=not reverse)
+    with trace.bulk("coefficients", T * B, H, x):
+        D_rev, C_rev, A_n = fine_coefficients(
+            points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
+        )
     hier.release_kept()
     f_first = None
     if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
         f_first = tg.comm(reverse=reverse).shift(d_out[T - 1])
-    g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
-    low, high = torch.aminmax(g_rev)
-    scale = max(-low.item(), high.item(), f_T.abs().max().item())
+    else:
+        trace.message(trace.SHIFT, d_out[T - 1], reverse=reverse)
+    with trace.bulk("forcing", T * B, H, x):
+        g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
+        low, high = torch.aminmax(g_rev)
+        scale = max(-low.item(), high.item(), f_T.abs().max().item())
     if comm is not None:
         scale = comm.max(scale)
+    else:
+        trace.message(trace.MAX, None)
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
@@ -667,6 +688,8 @@ def adjoint_solve(
         g0 = chunk_view(g_rev[lo : lo + fine.M], fine)
         if comm is not None and len(grids) > 1:  # every rank starts from the global u0
             u0 = comm.broadcast_from(u0, 0)
+        elif len(grids) > 1:
+            trace.message(trace.FIRST, u0)
         return _solve_on(
             comm,
             grids,

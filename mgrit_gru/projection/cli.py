@@ -1,0 +1,178 @@
+"""``mgrit-gru project``: the projected training step of a GRU shape at many time-parallel
+ranks or on a GPU, from the trace of a step recorded here (every figure labelled projected)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import machines, record
+from .machines import LINKS, Machine
+from .replay import expand, replay
+
+# How far the models' predictions were from measurements (docs/projection.md, "Validation"):
+# predicted / measured over every point measured, with the command that measured them.
+VALIDATION = {
+    "cpu": "CPU model: predicted/measured 0.28-0.77 over P = 1-8 ranks, T = 4096-16384 "
+    "(16-core host of the lent H200, 2026-12-04; benchmarks/projection_check.py)",
+    "cuda": "H200 model: predicted/measured 0.46-0.82 over 9 training steps at T = 1024-16384 "
+    "(lent H200, 2026-12-04; benchmarks/gpu_check.sh)",
+}
+DEFAULT_LINKS = {"cpu": ["shm", "10gbe", "ib"], "cuda": []}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    shape = p.add_argument_group("the model and its input")
+    shape.add_argument("--T", type=int, required=True, help="sequence length (time steps)")
+    shape.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
+    shape.add_argument("--input", type=int, default=32, help="input features (default 32)")
+    shape.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    shape.add_argument("--layers", type=int, default=1, help="GRU layers (default 1)")
+    shape.add_argument(
+        "--checkpoint",
+        metavar="RUN_DIR",
+        help="a `mgrit-gru train` run: its trained GRU and its training sequences (joined end "
+        "to end up to --T) instead of random ones, so that MGRIT's cycles are those of your "
+        "model (its input, hidden size and layers replace the flags)",
+    )
+    where = p.add_argument_group("where it runs (modelled)")
+    where.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64],
+        help="time-parallel ranks, one thread (or one GPU) each (default 1 2 4 ... 64)",
+    )
+    where.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cpu: this CPU's cores, measured now (about 10 s); cuda: one H200 as measured "
+        "when one was lent (default cpu)",
+    )
+    where.add_argument(
+        "--link",
+        nargs="+",
+        choices=sorted(LINKS),
+        help="what joins the ranks (default for cpu: shm 10gbe ib; cuda: one GPU, P = 1)",
+    )
+    solve = p.add_argument_group("solvers")
+    solve.add_argument(
+        "--solvers",
+        nargs="+",
+        choices=["mgrit", "budget"],
+        default=["mgrit", "budget"],
+        help="mgrit: MGRIT() to its tolerance; budget: MGRIT(budget=Budget()), 2 forward / 1 "
+        "adjoint cycles (default both); the serial solver and torch.nn.GRU are always shown",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("T", "batch", "input", "hidden", "layers"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"project: --{name} must be at least 1, got {getattr(args, name)}")
+    if args.T < 2:
+        raise ValueError("project: --T must be at least 2")
+    bad = [r for r in args.ranks if r < 1 or r > args.T]
+    if bad:
+        raise ValueError(f"project: --ranks {bad}: each must lie in 1..T={args.T}")
+    if args.device == "cuda" and args.link is None and max(args.ranks) > 1:
+        raise ValueError(
+            "project: --device cuda models one GPU: give --ranks 1, or --link to join several"
+        )
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    _check(args)
+    weights = inputs = None
+    if args.checkpoint:
+        weights, inputs, args.input, args.hidden, args.layers = record.from_run(
+            args.checkpoint, args.T, args.batch
+        )
+    B, I, H, T = args.batch, args.input, args.hidden, args.T
+    if args.device == "cpu" and not args.json:
+        print("measuring this CPU for its model (about 10 s) ...", file=sys.stderr, flush=True)
+    dev = machines.device("cpu" if args.device == "cpu" else "h200", B, I, H)
+    links = [LINKS[name] for name in (args.link or DEFAULT_LINKS[args.device])]
+    links = links or [LINKS["shm"]]  # one GPU: no message is sent
+    common = {"layers": args.layers, "weights": weights, "inputs": inputs}
+    # The operators between steps are what a GPU step waits on; on the CPU they are a small
+    # share and counting them (a dispatch mode) slows the recording several times.
+    count = args.device == "cuda"
+    serial, _ = record.record_step(
+        record.training_step(T, B, I, H, "serial", **common), count, False, steps=T, cfactor=T
+    )
+    serial_s = replay(expand(serial, 1), Machine(dev, links[0])).seconds
+    torch_us = dev.torch_us(T, B, H) if args.layers == 1 else None
+    torch_s = None if torch_us is None else 1e-6 * torch_us
+    rows = [_row(1, "serial", dev, None, 1e3 * serial_s, serial_s, torch_s)]
+    if torch_s is not None:
+        rows.append(_row(1, "torch.nn.GRU", dev, None, 1e3 * torch_s, serial_s, torch_s))
+    traces: dict = {}
+    for solver in args.solvers:
+        for P in sorted(set(args.ranks)):
+            m = record.cfactor_for(T, B, H, args.device, P)
+            if (solver, m) not in traces:
+                step = record.training_step(T, B, I, H, solver, m, **common)
+                traces[(solver, m)] = record.record_step(step, count, steps=T, cfactor=m)
+            trace, stats = traces[(solver, m)]
+            for link in links if P > 1 else links[:1]:
+                got = replay(expand(trace, P), Machine(dev, link))
+                row = _row(
+                    P, solver, dev, link if P > 1 else None, 1e3 * got.seconds, serial_s, torch_s
+                )
+                row.update(
+                    cfactor=m,
+                    cycles=f"{stats.forward_iterations}/{stats.backward_iterations}",
+                    split={k: round(1e3 * v, 3) for k, v in got.split.items() if v > 0},
+                )
+                rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        _print(rows, args, dev)
+    return rows
+
+
+def _row(P, solver, dev, link, ms, serial_s, torch_s) -> dict:
+    return {
+        "ranks": P,
+        "solver": solver,
+        "device": dev.name,
+        "link": None if link is None else link.name,
+        "train_ms": round(ms, 3),
+        "x_serial": round(1e3 * serial_s / ms, 3),
+        "x_torch": None if torch_s is None else round(1e3 * torch_s / ms, 3),
+        "projected": True,
+        "validation": VALIDATION[dev.kind],
+    }
+
+
+def _print(rows: list[dict], args, dev) -> None:
+    print(
+        f"PROJECTED training step (not measured): T={args.T} batch={args.batch} "
+        f"input={args.input} hidden={args.hidden} layers={args.layers}; device model: "
+        f"{dev.name} ({dev.source})"
+    )
+    print(f"model validation: {VALIDATION[dev.kind]}")
+    if args.checkpoint:
+        print(f"weights and inputs: {args.checkpoint}")
+    print(
+        f"{'ranks':>5} {'solver':<13} {'link':<26} {'m':>4} {'cycles':>6} {'ms':>10} "
+        f"{'x serial':>8} {'x torch':>7}  critical path"
+    )
+    for r in rows:
+        split = r.get("split", {})
+        total = sum(split.values()) or 1.0
+        path = ", ".join(
+            f"{k} {100 * v / total:.0f}%" for k, v in split.items() if v > 0.005 * total
+        )
+        x_torch = "-" if r["x_torch"] is None else f"{r['x_torch']:.2f}"
+        print(
+            f"{r['ranks']:>5} {r['solver']:<13} {r['link'] or '-':<26} {r.get('cfactor', '-'):>4} "
+            f"{r.get('cycles', '-'):>6} {r['train_ms']:>10.2f} {r['x_serial']:>8.2f} "
+            f"{x_torch:>7}  {path}"
+        )

@@ -1,0 +1,276 @@
+"""Modelled machines: what each event of a trace costs on a device, and what a message costs
+on the link between ranks.
+
+A :class:`Device` prices work as the cost model does (:mod:`mgrit_gru.cost`): a batched step
+of a kind, as the solves run it (loop and bookkeeping included), costs ``o + c * rows``
+microseconds at H = 64 (``c`` scaled by ``(H/64)^1.75``); the operators dispatched between
+steps (residuals, copies, C-relaxation, the coarse chunk maps) cost ``op_us`` each if they
+compute (a kernel launch on a GPU) and ``view_us`` if they only make a view; a pass over a
+whole slice (``bulk``) costs ``o + c * rows`` per kind where measured, else its operators plus
+its bytes over the memory bandwidth. A :class:`Link` prices a message at ``latency + bytes /
+bandwidth``.
+
+Named models (:data:`LINKS`, :func:`device`): this CPU as measured in the process
+(:func:`this_cpu`: the cost model's table, one thread), and one H200 as measured when one was
+lent (docs/logs/gpu-run1: its step costs, 8 us per dispatched operator, cuDNN's step), with
+its public memory bandwidth for the arithmetic. Links: shared memory, 10 GbE, InfiniBand HDR
+(public figures), and this VM's loopback as gloo uses it (measured).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .. import cost
+from .. import trace as tr
+from ..trace import Event
+
+# An event whose operators were not counted: operators per call of a coarse chunk map.
+MAP_OPS = 2
+
+
+@dataclass(frozen=True)
+class Link:
+    """What joins the ranks: ``latency_us`` per message and ``bandwidth_GBps``."""
+
+    name: str
+    latency_us: float
+    bandwidth_GBps: float
+    source: str
+
+    @property
+    def latency_s(self) -> float:
+        return 1e-6 * self.latency_us
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second."""
+        return 1e9 * self.bandwidth_GBps
+
+
+LINKS = {
+    "shm": Link(
+        "shared memory (one node)",
+        1.0,
+        10.0,
+        "public intra-node MPI figures (OSU micro-benchmarks): ~0.5-1 us, ~10 GB/s",
+    ),
+    "10gbe": Link(
+        "10 Gb Ethernet",
+        25.0,
+        1.25,
+        "10 Gbit/s line rate (1.25 GB/s); ~25 us one-way TCP latency (public figures)",
+    ),
+    "ib": Link(
+        "InfiniBand HDR",
+        1.5,
+        25.0,
+        "HDR 200 Gbit/s (25 GB/s), ~1-2 us MPI latency (public figures)",
+    ),
+    "loopback": Link(
+        "gloo over this VM's loopback",
+        60.0,
+        1.0,
+        "measured here: benchmarks/projection_check.py's ping-pong (see docs/projection.md)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one rank's work costs (microseconds). ``steps``: kind -> (o, c per row at
+    H = 64) for "step", "adjoint", "fused"; ``op_us``: one dispatched operator outside the
+    steps; ``bulk``: kind -> (o, c per row) of the passes over a slice (missing kinds:
+    operators plus bytes); ``bytes_per_row``: what such a pass reads and writes per row at
+    H = 64; ``bandwidth_GBps``: the device memory's; ``torch``: (o, c per time step) of a
+    torch.nn.GRU training step at the measured batch, or None; ``max_torch_T``: the longest
+    sequence torch.nn.GRU accepts there (cuDNN's limit), or None."""
+
+    name: str
+    kind: str
+    steps: dict
+    op_us: float
+    view_us: float = 0.0
+    bulk: dict = field(default_factory=dict)
+    bytes_per_row: float = 4096.0
+    bandwidth_GBps: float = 10.0
+    torch: Optional[tuple] = None
+    torch_shape: Optional[tuple] = None
+    max_torch_T: Optional[int] = None
+    source: str = ""
+
+    def cost_us(self, e: Event) -> tuple[str, float]:
+        """The event's category (replay's split) and modelled microseconds."""
+        scale = (e.hidden / 64) ** cost.H_EXPONENT if e.hidden else 1.0
+        if e.what == tr.WORK:
+            cat = "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+            if e.kind == "map":
+                ops = e.ops if e.ops or e.views else MAP_OPS * e.calls
+                return cat, self._ops(ops, e.views) + self._stream(e.rows * e.calls * scale)
+            kind = e.kind
+            if kind == "fused" and self.max_torch_T and e.calls >= self.max_torch_T:
+                kind = "step"  # beyond cuDNN's limit the library's own loop runs
+            o, c = self.steps[kind]
+            return cat, e.calls * (o + c * e.rows * scale)
+        if e.what == tr.BULK:
+            if e.kind in self.bulk:
+                o, c = self.bulk[e.kind]
+                return "bulk", o + c * e.rows * scale
+            return "bulk", self._ops(e.ops, e.views) + self._stream(e.rows * scale)
+        return "other", self._ops(e.ops, e.views)
+
+    def _ops(self, ops: int, views: int) -> float:
+        return ops * self.op_us + views * self.view_us
+
+    def _stream(self, rows: float) -> float:
+        return rows * self.bytes_per_row / (1e3 * self.bandwidth_GBps)
+
+    def torch_us(self, steps: int, batch: int, hidden: int) -> Optional[float]:
+        """torch.nn.GRU's training step over ``steps`` time steps (None: not measured at
+        this batch and hidden size, or beyond what it accepts here)."""
+        if self.torch is None or (self.max_torch_T is not None and steps >= self.max_torch_T):
+            return None
+        if self.torch_shape is not None and self.torch_shape != (batch, hidden):
+            return None
+        o, c = self.torch
+        return o + c * steps
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A device per rank and the link between ranks."""
+
+    device: Device
+    link: Link
+
+    @property
+    def name(self) -> str:
+        return f"{self.device.name} + {self.link.name}"
+
+    def cost(self, e: Event) -> tuple[str, float]:
+        cat, us = self.device.cost_us(e)
+        return cat, 1e-6 * us
+
+    @property
+    def latency_s(self) -> float:
+        return self.link.latency_s
+
+
+# One H200 as measured on 2026-12-04 (docs/logs/gpu-run1; torch 2.11 + CUDA 13.0, cuDNN
+# 9.19): the library's step and adjoint step (o, c at H = 64) from the calibration part,
+# 8.0 us per dispatched operator (a tiny op back to back: the host issues them), cuDNN's
+# forward at 0.6 us per step (T = 16384, B = 1); cuDNN's training step at B = 4, H = 64:
+# 2.0 ms at T = 1024 and 28.5 ms at T = 16384 (0.25 ms + 1.72 us per step), and it refused
+# T = 65536 (CUDNN_STATUS_NOT_SUPPORTED). Arithmetic over the 4.8 TB/s of HBM3e (public).
+H200 = Device(
+    "H200",
+    "cuda",
+    {"step": (117.65, 0.00179), "adjoint": (53.67, 0.00132), "fused": (0.6, 0.0001)},
+    op_us=8.0,
+    bytes_per_row=4096.0,
+    bandwidth_GBps=4800.0,
+    torch=(250.0, 1.72),
+    torch_shape=(4, 64),
+    max_torch_T=65536,
+    source="measured on the lent H200 (docs/logs/gpu-run1); HBM3e bandwidth 4.8 TB/s (public)",
+)
+
+
+def op_us(device: str = "cpu", repeats: int = 2000) -> tuple[float, float]:
+    """Microseconds per dispatched operator here, one that computes (a tiny in-place add)
+    and one that makes a view (a row of a matrix), back to back."""
+    tiny = torch.zeros(1, device=device)
+    rows = torch.zeros(8, 8, device=device)
+    out = []
+    for fn in (lambda: tiny.add_(1.0), lambda: rows[3]):
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            if tiny.is_cuda:
+                torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / repeats)
+        out.append(1e6 * best)
+    return out[0], out[1]
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """``(o, c)`` of ``o + c * x`` through the least and the largest x (o at least 0)."""
+    (x0, y0), (x1, y1) = min(points), max(points)
+    c = max((y1 - y0) / (x1 - x0), 1e-9)
+    return max(y0 - c * x0, 0.0), c
+
+
+def _median_time(fn, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@functools.lru_cache(maxsize=8)
+def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
+    """This CPU at one thread, measured now (about 10 s): the cost model's step table in
+    use, the operator cost, the passes over a slice (a timed trace of MGRIT training steps
+    at T = 512 and 2048) and torch.nn.GRU's training step (T = 256 and 1024)."""
+    from .record import training_step
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bulk: dict[str, list] = {}
+        for T in (512, 2048):
+            step = training_step(T, batch, input_size, hidden, "budget", cfactor=32)
+            step()  # warm
+            samples: dict[str, list] = {}
+            for _ in range(3):
+                with tr.record(timed=True) as t:
+                    step()
+                for e in t.of(tr.BULK):
+                    samples.setdefault(e.kind, []).append((e.rows, 1e6 * e.seconds))
+            for kind, pts in samples.items():
+                rows = pts[0][0]
+                bulk.setdefault(kind, []).append((rows, min(s for _, s in pts)))
+        scale = (hidden / 64) ** cost.H_EXPONENT
+        bulk_fit = {k: _per_h64(fit(v), scale) for k, v in bulk.items()}
+        torch_pts = []
+        for T in (256, 1024):
+            torch_pts.append((T, 1e6 * _median_time(training_step(T, batch, input_size, hidden))))
+        table = cost.table()["cpu"]
+        compute_us, view_us = op_us()
+        return Device(
+            f"this CPU ({cost.cpu_name()}, 1 thread)",
+            "cpu",
+            dict(table),
+            op_us=compute_us,
+            view_us=view_us,
+            bulk=bulk_fit,
+            torch=fit(torch_pts),
+            source=f"measured here: {cost.active().describe()}; operators, passes and "
+            "torch.nn.GRU timed in this process",
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _per_h64(oc: tuple[float, float], scale: float) -> tuple[float, float]:
+    return oc[0], oc[1] / scale
+
+
+def device(name: str, batch: int, input_size: int, hidden: int) -> Device:
+    """A named device model: "cpu" (this CPU, measured now) or "h200"."""
+    if name == "cpu":
+        return this_cpu(batch, input_size, hidden)
+    if name == "h200":
+        return H200
+    raise ValueError(f"unknown device model {name!r}; choose cpu or h200")

@@ -1,0 +1,112 @@
+"""Recording the trace of a training step: one GRU stack's forward, a per-step loss and the
+backward, at a given shape, solver and chunk length, on random weights or a checkpoint's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+
+from .. import trace as tr
+from ..module import GRU
+from ..options import MGRIT, Budget, auto_cfactor
+
+SOLVERS = ("serial", "mgrit", "budget", "torch")
+
+
+def options(solver: str, cfactor: Optional[int]):
+    """The ``solver=`` of a named solver: "mgrit" (defaults: to the tolerance), "budget"
+    (``Budget()``: 2 forward / 1 adjoint cycles), "serial"."""
+    if solver == "serial":
+        return "serial"
+    base = MGRIT() if cfactor is None else MGRIT(cfactor=cfactor)
+    if solver == "mgrit":
+        return base
+    if solver == "budget":
+        return base.replace(budget=Budget())
+    raise ValueError(f"unknown solver {solver!r}; choose one of {SOLVERS}")
+
+
+def cfactor_for(steps: int, batch: int, hidden: int, device: str, ranks: int) -> int:
+    """The chunk length ``cfactor="auto"`` gives ``ranks`` time-parallel ranks."""
+    return auto_cfactor(steps, batch, hidden, device, MGRIT(), ranks)
+
+
+def training_step(
+    steps: int,
+    batch: int,
+    input_size: int,
+    hidden: int,
+    solver: str = "torch",
+    cfactor: Optional[int] = None,
+    layers: int = 1,
+    weights: Optional[dict] = None,
+    inputs: Optional[torch.Tensor] = None,
+    seed: int = 0,
+) -> Callable[[], GRU]:
+    """A function that runs one training step and returns the module (its ``last_stats``).
+
+    ``weights``: a torch.nn.GRU state_dict (a checkpoint's layers) instead of random ones;
+    ``inputs`` ``(steps, batch, input_size)`` instead of random ones. The loss is
+    ``sum(y * w) + sum(h_n)`` with fixed random ``w``: every step's output and the end state
+    carry gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        ref = torch.nn.GRU(input_size, hidden, layers)
+    if weights is not None:
+        ref.load_state_dict(weights)
+    x = inputs if inputs is not None else torch.randn(steps, batch, input_size, generator=gen)
+    w = torch.randn(steps, batch, hidden, generator=gen) / (steps * batch) ** 0.5
+    module = ref if solver == "torch" else GRU.from_torch(ref, solver=options(solver, cfactor))
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        xr = x.detach().requires_grad_()
+        y, h_n = module(xr)
+        loss = (y * w).sum() + h_n.sum()
+        loss.backward()
+        step.loss = float(loss.detach())
+        return module
+
+    return step
+
+
+def record_step(
+    step: Callable[[], GRU], count_ops: bool = True, warm: bool = True, **meta
+) -> tuple:
+    """The trace of one call of ``step`` (``warm``: after one untraced call, which fills the
+    work buffers as any later step finds them) and the module's stats."""
+    if warm:
+        step()
+    with tr.record(count_ops=count_ops, **meta) as t:
+        module = step()
+    return t, getattr(module, "last_stats", None)
+
+
+def from_run(run, steps: int, batch: int):
+    """A ``mgrit-gru train`` run's GRU and inputs for a step of ``steps`` x ``batch``:
+    ``(weights, inputs, input_size, hidden, layers)``; the weights as a torch.nn.GRU
+    state_dict, the inputs ``(steps, batch, F)`` its training sequences joined end to end."""
+    from pathlib import Path
+
+    from ..app import train
+
+    run = Path(run)
+    cfg = train.read_config(run)
+    state = train.load_checkpoint(run)["model"]
+    weights = {k[len("rnn.") :]: v for k, v in state.items() if k.startswith("rnn.")}
+    if not weights or any(k.endswith("_reverse") for k in weights):
+        raise ValueError(f"{run} holds no one-directional GRU (bidirectional, or another model)")
+    hidden = weights["weight_hh_l0"].shape[1]
+    layers = sum(1 for k in weights if k.startswith("weight_hh_l"))
+    x = train.load_data(cfg).x_train
+    per = -(-steps // x.shape[1])
+    if per * batch > x.shape[0]:
+        raise ValueError(
+            f"{run}'s data has {x.shape[0]} training sequences of {x.shape[1]} steps: too few "
+            f"for batch {batch} x T {steps}"
+        )
+    seqs = x[: per * batch].reshape(batch, per * x.shape[1], x.shape[2])[:, :steps]
+    return weights, seqs.transpose(0, 1).contiguous(), x.shape[2], hidden, layers

@@ -1,0 +1,184 @@
+"""Traces, their expansion to P ranks and their replay on a modelled machine; `mgrit-gru
+project`. (That real ranks record what the expansion says: tests/test_distributed.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import mgrit_gru
+from mgrit_gru import trace as tr
+from mgrit_gru.cli import main
+from mgrit_gru.distributed import chunk_spans, time_slices
+from mgrit_gru.projection import Device, Link, Machine, expand, record_step, replay, training_step
+from mgrit_gru.trace import Event, Trace
+
+# A device whose costs are easy to add up by hand: 10 us + 1 us per row per step, 1 us per
+# operator between steps, bulk 100 us + 2 us per row.
+TOY = Device(
+    "toy",
+    "cpu",
+    {"step": (10.0, 1.0), "adjoint": (10.0, 1.0), "fused": (10.0, 1.0)},
+    op_us=1.0,
+    bulk={k: (100.0, 2.0) for k in ("gates", "coefficients", "forcing", "gradients")},
+)
+LINK = Link("toy link", 5.0, 1e-3, "made up")  # 5 us + 1 us per KB... 1e-3 GB/s: 1 us/byte
+
+
+def _trace(solver="budget", T=256, B=2, m=16, count_ops=False):
+    torch.set_default_dtype(torch.float32)
+    step = training_step(T, B, 3, 8, solver, cfactor=m)
+    return record_step(step, count_ops, steps=T, cfactor=m)
+
+
+def test_trace_counts_what_the_solve_ran():
+    t, stats = _trace("budget")
+    assert stats.forward_iterations >= 1 and stats.backward_iterations >= 1
+    summary = t.summary()
+    n = 256 // 16
+    # every coarse correction of the forward gathers its C-points (plus the final C-points)
+    assert summary["messages"]["gather"] >= stats.forward_iterations + 1
+    # a sweep is one event: its calls add up to the level-0 steps, over all n chunks at once
+    work0 = [e for e in t.of(tr.WORK) if e.level == 0]
+    assert work0 and all(e.rows % n == 0 for e in work0)
+    assert all(e.calls >= 1 for e in work0)
+    assert {e.kind for e in t.of(tr.BULK)} == {"gates", "coefficients", "forcing", "gradients"}
+    serial, _ = _trace("serial", m=256)
+    serial_work = serial.of(tr.WORK)
+    assert all(e.level == tr.SERIAL for e in serial_work)
+    assert sum(e.calls for e in serial_work if e.kind != "adjoint") == 256
+    assert sum(e.calls for e in serial_work if e.kind == "adjoint") == 256
+
+
+def test_recording_is_off_outside_a_block_and_not_nested():
+    assert not tr.active()
+    tr.work("step", 4, 8)  # a no-op
+    with tr.record() as t:
+        with pytest.raises(RuntimeError, match="already being recorded"):
+            with tr.record():
+                pass
+    assert t.events == [] and not tr.active()
+
+
+def test_trace_round_trips_through_json(tmp_path):
+    t, _ = _trace("mgrit", count_ops=True)
+    assert sum(e.ops for e in t.events) > 0 and sum(e.views for e in t.events) > 0
+    t.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert back.events == t.events and back.meta == t.meta
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 5])
+def test_expansion_splits_the_work_and_keeps_the_coarse_levels(P):
+    t, _ = _trace("budget", T=250, m=8)  # 32 chunks, the last one short
+    ranks = expand(t, P)
+    counts = [c1 - c0 for c0, c1 in chunk_spans(250, P, 8)]
+    lengths = [t1 - t0 for t0, t1 in time_slices(250, P, 8)]
+    for i, e in enumerate(t.events):
+        got = [ranks[r][i] for r in range(P)]
+        if e.what == tr.WORK and e.level == 0:
+            assert sum(g.rows for g in got) == e.rows
+            assert [g.rows for g in got] == [e.rows // 32 * c for c in counts]
+        elif e.what == tr.WORK:
+            assert all(g == e for g in got)  # coarse levels: whole, on every rank
+        elif e.what == tr.BULK:
+            assert [g.rows for g in got] == [e.rows // 250 * n for n in lengths]
+        elif e.what == tr.MESSAGE and e.kind == tr.GATHER:
+            assert all(g.rows == max(counts) for g in got)
+        elif e.what == tr.MESSAGE and e.kind == tr.SHIFT:
+            peers = [g.peer for g in got]
+            assert (
+                sorted(p for p in peers if p is not None) == list(range(P))[1:]
+                or sorted(p for p in peers if p is not None) == list(range(P))[:-1]
+            )
+
+
+def test_replay_of_one_rank_adds_up_the_costs():
+    t, _ = _trace("budget")
+    got = replay(expand(t, 1), Machine(TOY, LINK))
+    want = sum(TOY.cost_us(e)[1] for e in t.events)
+    assert math.isclose(got.seconds, 1e-6 * want, rel_tol=1e-12)
+    assert got.split["comm"] == got.split["wait"] == 0.0 and got.messages == 0
+
+
+def _msg(kind, peer=None, nbytes=8):
+    return Event(tr.MESSAGE, kind, 1, 1, 0, 0, nbytes, None, peer)
+
+
+def test_replay_of_messages_by_hand():
+    """Two ranks: rank 0 works 10 + 1 * 4 us, rank 1 10 + 1 * 8 us; then a shift (0 -> 1)
+    of 8 bytes (5 us + 8 us), then an all-reduce of 8 bytes (2 * 1 hop * 5 us + 2 * 8 * 1/2
+    us)."""
+    r0 = [Event(tr.WORK, "step", 4), _msg(tr.SHIFT, peer=1), _msg(tr.SUM)]
+    r1 = [Event(tr.WORK, "step", 8), _msg(tr.SHIFT, peer=None), _msg(tr.SUM)]
+    got = replay([r0, r1], Machine(TOY, LINK))
+    # rank 0 sends at 14 (done 27); rank 1 receives at 14 + 13 = 27 while free at 18 + 13
+    shift_end = [14 + 13, max(18 + 13, 14 + 13)]
+    reduce = 2 * 5 + 2 * 8 * 0.5
+    assert math.isclose(got.seconds, 1e-6 * (max(shift_end) + reduce), rel_tol=1e-12)
+    assert got.messages == 2
+
+
+def test_replay_of_a_serial_pipeline():
+    """A serial solve over 3 ranks: each waits for the previous rank's end state."""
+    ranks = []
+    for r in range(3):
+        ranks.append(
+            [
+                _msg(tr.RECV_PREV, peer=r - 1 if r else None),
+                Event(tr.WORK, "adjoint", 1, 100, level=tr.SERIAL),
+                _msg(tr.SEND_NEXT, peer=r + 1 if r < 2 else None),
+            ]
+        )
+    got = replay(ranks, Machine(TOY, LINK))
+    work, hop = 100 * (10 + 1), 5 + 8
+    assert math.isclose(got.seconds, 1e-6 * (3 * work + 2 * hop), rel_tol=1e-12)
+
+
+def test_cli_project_json(capsys):
+    assert main(["project", "--T", "512", "--ranks", "1", "2", "4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["solver"] for r in rows} >= {"serial", "torch.nn.GRU", "mgrit", "budget"}
+    for r in rows:
+        assert {"ranks", "solver", "train_ms"} <= set(r) and r["projected"] is True
+        assert r["train_ms"] > 0 and r["validation"]
+    mgrit = {(r["ranks"], r["link"]): r for r in rows if r["solver"] == "budget"}
+    assert mgrit[(4, "InfiniBand HDR")]["train_ms"] < mgrit[(1, None)]["train_ms"]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--T", "1"], "--T must be at least 2"),
+        (["--T", "64", "--ranks", "0"], r"--ranks \[0\]"),
+        (["--T", "64", "--ranks", "128"], r"each must lie in 1..T=64"),
+        (["--T", "64", "--device", "cuda", "--ranks", "1", "2"], "models one GPU"),
+        (["--T", "64", "--checkpoint", "no/such/run"], "no/such/run"),
+    ],
+)
+def test_cli_project_bad_input(argv, message, capsys):
+    assert main(["project", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    import re
+
+    assert re.search(message, err), err
+
+
+def test_projection_of_the_gpu_uses_its_measured_model(capsys):
+    assert main(["project", "--T", "256", "--ranks", "1", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "PROJECTED" in out and "H200" in out and "model validation" in out
+
+
+def test_trace_hooks_leave_results_alone():
+    torch.manual_seed(0)
+    gru = mgrit_gru.GRU(3, 6, solver=mgrit_gru.MGRIT(cfactor=8))
+    x = torch.randn(100, 2, 3)
+    y0, _ = gru(x)
+    with tr.record(count_ops=True):
+        y1, _ = gru(x)
+    assert torch.equal(y0, y1)
