@@ -32,9 +32,10 @@ The table in use (:func:`table`, :func:`active`):
 :data:`BUILTIN` was calibrated with ``python benchmarks/step_cost.py`` on this project's
 2-core AMD EPYC (one thread, fp32, 2026-12-03; each kind timed as the solves run it, loop and
 bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it).
-Its CUDA row is an estimate (no GPU was measured): a step there is launch latency, about 5-10
-us per kernel and 6-10 kernels, almost free of its rows; ``benchmarks/gpu_check.sh`` prints a
-measured row. A cached calibration replaces the CPU row only.
+Its CUDA row was measured on an H200 (2026-12-04, ``benchmarks/gpu_check.sh``'s sweep part:
+the library's steps as the solves run them, B x chunks = 4-16384 rows at H = 64; "fused" is
+cuDNN's forward per step): a step there is its kernel launches (11 for a forward step, 4 for
+an adjoint step), nearly free of its rows. A cached calibration replaces the CPU row only.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from . import trace
 # device kind -> step kind -> (o in us, c in us per row at H = 64); measured on the AMD EPYC
 BUILTIN = {
     "cpu": {"step": (32.0, 0.40), "fused": (12.0, 0.60), "adjoint": (7.0, 0.50)},
-    "cuda": {"step": (70.0, 0.003), "fused": (15.0, 0.003), "adjoint": (30.0, 0.003)},
+    "cuda": {"step": (112.1, 0.0026), "fused": (0.54, 0.01), "adjoint": (63.5, 0.0012)},
 }
 CALIBRATION = BUILTIN  # its former name
 H_EXPONENT = 1.75

@@ -119,9 +119,9 @@ class Trace:
 
 
 class _Recorder:
-    def __init__(self, count_ops: bool, timed: bool) -> None:
+    def __init__(self, count_ops: bool, timed: bool, sync: bool = True) -> None:
         self.trace = Trace()
-        self.count_ops, self.timed = count_ops, timed
+        self.count_ops, self.timed, self.sync = count_ops, timed, sync
         self.ops = self.views = 0
         self.last = time.perf_counter()
         self.mode = None
@@ -165,16 +165,20 @@ def active() -> bool:
 
 
 @contextlib.contextmanager
-def record(count_ops: bool = False, timed: bool = False, **meta) -> Iterator[Trace]:
+def record(
+    count_ops: bool = False, timed: bool = False, sync: bool = True, **meta
+) -> Iterator[Trace]:
     """Record this process's trace inside the block (not nested).
 
     ``count_ops``: count the operators each event dispatched (a dispatch mode sees them; it
-    slows the block). ``timed``: each event's window in seconds (on CUDA, wait for the
-    device at every event). ``meta`` goes into the trace's ``meta``."""
+    slows the block). ``timed``: each event's window in seconds; on CUDA a pass over the
+    slice waits for the device before and after (``sync``), else the windows are the host's
+    time (which a host-bound GPU run spends where it waits). ``meta`` goes into the
+    trace's ``meta``."""
     global _active
     if _active is not None:
         raise RuntimeError("trace.record: a trace is already being recorded")
-    rec = _Recorder(count_ops, timed)
+    rec = _Recorder(count_ops, timed, sync)
     rec.trace.meta.update(meta)
     mode = _OpCounter(rec) if count_ops else contextlib.nullcontext()
     _active = rec
@@ -208,7 +212,7 @@ def _OpCounter(rec: _Recorder):
 
 
 def _sync(x: Optional[Tensor]) -> None:
-    if _active is not None and _active.timed and x is not None and x.is_cuda:
+    if _active is not None and _active.timed and _active.sync and x is not None and x.is_cuda:
         torch.cuda.synchronize(x.device)
 
 

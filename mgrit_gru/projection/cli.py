@@ -86,6 +86,16 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    rows, dev = project(args)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        _print(rows, args, dev)
+    return rows
+
+
+def project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
+    """The rows of a projection (see the module) and the device model they used."""
     _check(args)
     weights = inputs = None
     if args.checkpoint:
@@ -130,11 +140,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     split={k: round(1e3 * v, 3) for k, v in got.split.items() if v > 0},
                 )
                 rows.append(row)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        _print(rows, args, dev)
-    return rows
+    return rows, dev
 
 
 def _row(P, solver, dev, link, ms, serial_s, torch_s) -> dict:

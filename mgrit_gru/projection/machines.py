@@ -90,7 +90,9 @@ class Device:
     operators plus bytes); ``bytes_per_row``: what such a pass reads and writes per row at
     H = 64; ``bandwidth_GBps``: the device memory's; ``torch``: (o, c per time step) of a
     torch.nn.GRU training step at the measured batch, or None; ``max_torch_T``: the longest
-    sequence torch.nn.GRU accepts there (cuDNN's limit), or None."""
+    sequence torch.nn.GRU accepts there (cuDNN's limit), or None; ``steps_by_ops``: the
+    library's steps too cost their operators (a GPU, where a step is its launches), which
+    needs a trace with operators counted."""
 
     name: str
     kind: str
@@ -103,6 +105,7 @@ class Device:
     torch: Optional[tuple] = None
     torch_shape: Optional[tuple] = None
     max_torch_T: Optional[int] = None
+    steps_by_ops: bool = False
     source: str = ""
 
     def cost_us(self, e: Event) -> tuple[str, float]:
@@ -116,6 +119,10 @@ class Device:
             kind = e.kind
             if kind == "fused" and self.max_torch_T and e.calls >= self.max_torch_T:
                 kind = "step"  # beyond cuDNN's limit the library's own loop runs
+            if self.steps_by_ops and kind != "fused":
+                if not (e.ops or e.views):
+                    raise ValueError(f"{self.name}: its model needs a trace with counted operators")
+                return cat, self._ops(e.ops, e.views) + self._stream(e.rows * e.calls * scale)
             o, c = self.steps[kind]
             return cat, e.calls * (o + c * e.rows * scale)
         if e.what == tr.BULK:
@@ -162,23 +169,30 @@ class Machine:
         return self.link.latency_s
 
 
-# One H200 as measured on 2026-12-04 (docs/logs/gpu-run1; torch 2.11 + CUDA 13.0, cuDNN
-# 9.19): the library's step and adjoint step (o, c at H = 64) from the calibration part,
-# 8.0 us per dispatched operator (a tiny op back to back: the host issues them), cuDNN's
-# forward at 0.6 us per step (T = 16384, B = 1); cuDNN's training step at B = 4, H = 64:
-# 2.0 ms at T = 1024 and 28.5 ms at T = 16384 (0.25 ms + 1.72 us per step), and it refused
-# T = 65536 (CUDNN_STATUS_NOT_SUPPORTED). Arithmetic over the 4.8 TB/s of HBM3e (public).
+# One H200 as measured on 2026-12-04 (docs/logs/gpu-run1 .. 3; torch 2.11 + CUDA 13.0, cuDNN
+# 9.19). A small step there is its kernel launches and the host's work between them: every
+# event costs its operators. Per operator, what a real training step spends: 15.3 us per
+# operator that computes and 5.5 us per view, the least-squares fit of the host's time per
+# event over the training steps at T = 1024 and 4096 (gpu-run3, B = 4, H = 64; a tiny op
+# back to back costs 7.4 us, a view 1.2 us: a real step's kernels are larger and the Python
+# between them counts). cuDNN's forward: 0.54 us per step (T = 16384, B = 1); its training
+# step at B = 4, H = 64: 2.0 ms at T = 1024 and 28.5 ms at T = 16384 (0.25 ms + 1.72 us per
+# step); it refused T = 65536 (CUDNN_STATUS_NOT_SUPPORTED). Arithmetic over the 4.8 TB/s of
+# HBM3e (public figure).
 H200 = Device(
     "H200",
     "cuda",
-    {"step": (117.65, 0.00179), "adjoint": (53.67, 0.00132), "fused": (0.6, 0.0001)},
-    op_us=8.0,
+    {"step": (112.1, 0.00261), "adjoint": (63.5, 0.0), "fused": (0.54, 0.0)},
+    op_us=15.3,
+    view_us=5.5,
     bytes_per_row=4096.0,
     bandwidth_GBps=4800.0,
     torch=(250.0, 1.72),
     torch_shape=(4, 64),
     max_torch_T=65536,
-    source="measured on the lent H200 (docs/logs/gpu-run1); HBM3e bandwidth 4.8 TB/s (public)",
+    steps_by_ops=True,
+    source="calibrated on the lent H200's training steps at T = 1024, 4096 "
+    "(docs/logs/gpu-run3); HBM3e bandwidth 4.8 TB/s (public)",
 )
 
 

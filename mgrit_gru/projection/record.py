@@ -44,11 +44,13 @@ def training_step(
     weights: Optional[dict] = None,
     inputs: Optional[torch.Tensor] = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Callable[[], GRU]:
     """A function that runs one training step and returns the module (its ``last_stats``).
 
     ``weights``: a torch.nn.GRU state_dict (a checkpoint's layers) instead of random ones;
-    ``inputs`` ``(steps, batch, input_size)`` instead of random ones. The loss is
+    ``inputs`` ``(steps, batch, input_size)`` instead of random ones; ``device``: where it
+    runs. The loss is
     ``sum(y * w) + sum(h_n)`` with fixed random ``w``: every step's output and the end state
     carry gradient."""
     gen = torch.Generator().manual_seed(seed)
@@ -59,6 +61,7 @@ def training_step(
         ref.load_state_dict(weights)
     x = inputs if inputs is not None else torch.randn(steps, batch, input_size, generator=gen)
     w = torch.randn(steps, batch, hidden, generator=gen) / (steps * batch) ** 0.5
+    ref, x, w = ref.to(device), x.to(device), w.to(device)
     module = ref if solver == "torch" else GRU.from_torch(ref, solver=options(solver, cfactor))
 
     def step():
