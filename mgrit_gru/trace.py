@@ -60,7 +60,8 @@ class Event:
     ``what``: "work", "bulk", "message" or "phase".
     ``kind``: work: "step", "adjoint", "fused" (the cost model's kinds) or "map" (a coarse
     chunk map: elementwise); bulk: which pass ("gates", "coefficients", "forcing",
-    "gradients"); message: one of the message kinds above; phase: "forward" or "backward".
+    "gradients"); message: one of the message kinds above; phase: "forward" or "backward" (a
+    solve begins) or "mark" (the start of a pass over the slice).
     ``rows``: work and bulk: rows (states) per call; message: items (leading dimension).
     ``calls``: consecutive calls of the same shape (a sweep's steps are one event).
     ``hidden``: the state's width.

@@ -20,8 +20,8 @@ def mgrit_step_costs(monkeypatch):
     add = cost.Meter.add
 
     def set_factor(factor: float) -> None:
-        def scaled(self, kind, rows, calls=1):
-            add(self, kind, rows, calls)
+        def scaled(self, kind, rows, calls=1, level=0):
+            add(self, kind, rows, calls, level)
             self.spent += (factor - 1) * calls * cost.step_us(kind, rows, self.hidden)
 
         monkeypatch.setattr(cost.Meter, "add", scaled)

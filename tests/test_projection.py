@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -157,15 +158,15 @@ def test_cli_project_json(capsys):
         (["--T", "64", "--ranks", "128"], r"each must lie in 1..T=64"),
         (["--T", "64", "--device", "cuda", "--ranks", "1", "2"], "models one GPU"),
         (["--T", "64", "--checkpoint", "no/such/run"], "no/such/run"),
+        (["--T", "64", "--ranks", "1", "--batch", "99999999999"], "recording the training step"),
     ],
 )
 def test_cli_project_bad_input(argv, message, capsys):
     assert main(["project", *argv]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1
-    import re
-
-    assert re.search(message, err), err
+    last = err.strip().splitlines()[-1]  # before it at most the note that it measures the CPU
+    assert "Traceback" not in err and last.startswith("mgrit-gru project: error: ")
+    assert re.search(message, last), err
 
 
 def test_projection_of_the_gpu_uses_its_measured_model(capsys):
@@ -182,3 +183,13 @@ def test_trace_hooks_leave_results_alone():
     with tr.record(count_ops=True):
         y1, _ = gru(x)
     assert torch.equal(y0, y1)
+
+
+def test_cli_project_defaults_fit_the_shape(capsys):
+    """The default ranks stop at T/2; --device cuda alone projects one GPU."""
+    assert main(["project", "--T", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert max(r["ranks"] for r in rows) == 8
+    assert main(["project", "--T", "64", "--device", "cuda", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["ranks"] for r in rows} == {1}

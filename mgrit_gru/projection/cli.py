@@ -20,6 +20,7 @@ VALIDATION = {
     "(lent H200, 2026-12-04; benchmarks/gpu_check.sh)",
 }
 DEFAULT_LINKS = {"cpu": ["shm", "10gbe", "ib"], "cuda": []}
+DRIFT_WARN = 1.3  # a step timed now over the calibration's price above which a run warns
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,15 +42,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ranks",
         type=int,
         nargs="+",
-        default=[1, 2, 4, 8, 16, 32, 64],
-        help="time-parallel ranks, one thread (or one GPU) each (default 1 2 4 ... 64)",
+        help="time-parallel ranks, one thread (or one GPU) each (default: 1 2 4 ... 64 up to "
+        "T/2 for cpu, 1 for cuda without --link)",
     )
     where.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="cpu: this CPU's cores, measured now (about 10 s); cuda: one H200 as measured "
-        "when one was lent (default cpu)",
+        help="cpu: this CPU's cores, measured now (about 10 s; keep the machine otherwise idle); "
+        "cuda: one H200 as measured when one was lent (its traces count every operator: "
+        "several times slower to record) (default cpu)",
     )
     where.add_argument(
         "--link",
@@ -73,16 +75,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     for name in ("T", "batch", "input", "hidden", "layers"):
         if getattr(args, name) < 1:
-            raise ValueError(f"project: --{name} must be at least 1, got {getattr(args, name)}")
+            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.T < 2:
-        raise ValueError("project: --T must be at least 2")
+        raise ValueError("--T must be at least 2")
+    if args.ranks is None:
+        many = [P for P in (1, 2, 4, 8, 16, 32, 64) if P == 1 or P <= args.T // 2]
+        args.ranks = [1] if args.device == "cuda" and args.link is None else many
     bad = [r for r in args.ranks if r < 1 or r > args.T]
     if bad:
-        raise ValueError(f"project: --ranks {bad}: each must lie in 1..T={args.T}")
+        raise ValueError(f"--ranks {bad}: each must lie in 1..T={args.T}")
     if args.device == "cuda" and args.link is None and max(args.ranks) > 1:
-        raise ValueError(
-            "project: --device cuda models one GPU: give --ranks 1, or --link to join several"
-        )
+        raise ValueError("--device cuda models one GPU: give --ranks 1, or --link to join several")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -97,6 +100,14 @@ def run(args: argparse.Namespace) -> list[dict]:
 def project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
     """The rows of a projection (see the module) and the device model they used."""
     _check(args)
+    try:
+        return _project(args)
+    except (RuntimeError, MemoryError) as exc:  # e.g. a shape too large to allocate
+        text = " ".join(str(exc).split())[:200]
+        raise ValueError(f"recording the training step failed: {text}") from exc
+
+
+def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
     weights = inputs = None
     if args.checkpoint:
         weights, inputs, args.input, args.hidden, args.layers = record.from_run(
@@ -106,6 +117,13 @@ def project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
     if args.device == "cpu" and not args.json:
         print("measuring this CPU for its model (about 10 s) ...", file=sys.stderr, flush=True)
     dev = machines.device("cpu" if args.device == "cpu" else "h200", B, I, H)
+    if dev.drift > DRIFT_WARN:
+        print(
+            f"warning: a step timed now costs {dev.drift:.1f}x what this machine's "
+            "calibration says: it is loaded (or slower than when calibrated); the CPU model "
+            "measured now is inflated unevenly, so these projections are unreliable",
+            file=sys.stderr,
+        )
     links = [LINKS[name] for name in (args.link or DEFAULT_LINKS[args.device])]
     links = links or [LINKS["shm"]]  # one GPU: no message is sent
     common = {"layers": args.layers, "weights": weights, "inputs": inputs}
@@ -163,9 +181,19 @@ def _print(rows: list[dict], args, dev) -> None:
         f"input={args.input} hidden={args.hidden} layers={args.layers}; device model: "
         f"{dev.name} ({dev.source})"
     )
-    print(f"model validation: {VALIDATION[dev.kind]}")
+    print(f"model validation: {VALIDATION[dev.kind]} (below 1: the model's times were too short)")
     if args.checkpoint:
         print(f"weights and inputs: {args.checkpoint}")
+    else:
+        print(
+            "weights and inputs: random (MGRIT's easy case, 0-1 cycles); a trained network "
+            "needs more: give --checkpoint RUN_DIR for your model's cycles"
+        )
+    print(
+        "columns: m chunk length; cycles forward/adjoint; x serial / x torch: speed-up over "
+        "the serial solver / torch.nn.GRU; critical path: the last rank's time in fine steps, "
+        "coarse levels, bulk passes over its slice, other operators, wait and comm(unication)"
+    )
     print(
         f"{'ranks':>5} {'solver':<13} {'link':<26} {'m':>4} {'cycles':>6} {'ms':>10} "
         f"{'x serial':>8} {'x torch':>7}  critical path"

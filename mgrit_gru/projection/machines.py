@@ -20,6 +20,7 @@ its public memory bandwidth for the arithmetic. Links: shared memory, 10 GbE, In
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,12 +38,21 @@ MAP_OPS = 2
 
 @dataclass(frozen=True)
 class Link:
-    """What joins the ranks: ``latency_us`` per message and ``bandwidth_GBps``."""
+    """What joins the ranks: ``latency_us`` per message and ``bandwidth_GBps``;
+    ``collectives``: how its library runs a collective over P ranks, ``"tree"`` (log2 P
+    steps, as MPI does for small messages) or ``"ring"`` (P - 1 steps, as gloo does)."""
 
     name: str
     latency_us: float
     bandwidth_GBps: float
     source: str
+    collectives: str = "tree"
+
+    def steps(self, ranks: int) -> int:
+        """Latencies of one collective's pass over ``ranks`` ranks."""
+        if ranks < 2:
+            return 0
+        return ranks - 1 if self.collectives == "ring" else math.ceil(math.log2(ranks))
 
     @property
     def latency_s(self) -> float:
@@ -65,7 +75,9 @@ LINKS = {
         "10 Gb Ethernet",
         25.0,
         1.25,
-        "10 Gbit/s line rate (1.25 GB/s); ~25 us one-way TCP latency (public figures)",
+        "10 Gbit/s line rate (1.25 GB/s); ~25 us one-way TCP latency (public figures); "
+        "collectives as gloo runs them (rings)",
+        "ring",
     ),
     "ib": Link(
         "InfiniBand HDR",
@@ -77,7 +89,9 @@ LINKS = {
         "gloo over this VM's loopback",
         60.0,
         1.0,
-        "measured here: benchmarks/projection_check.py's ping-pong (see docs/projection.md)",
+        "measured here: benchmarks/projection_check.py's ping-pong (see docs/projection.md); "
+        "collectives as gloo runs them (rings)",
+        "ring",
     ),
 }
 
@@ -92,7 +106,12 @@ class Device:
     torch.nn.GRU training step at the measured batch, or None; ``max_torch_T``: the longest
     sequence torch.nn.GRU accepts there (cuDNN's limit), or None; ``steps_by_ops``: the
     library's steps too cost their operators (a GPU, where a step is its launches), which
-    needs a trace with operators counted."""
+    needs a trace with operators counted; ``windows``: what the host spends around events,
+    measured from timed traces: ``"step"`` / ``"adjoint"`` / ``"map"`` per call beyond the
+    step itself, ``"message <kind>"`` / ``"phase <kind>"`` per event (the work between steps:
+    residuals, copies, C-relaxation), used in place of ``op_us`` where present; ``drift``:
+    a step timed now over the step table's price for it (well above 1: the machine is loaded
+    or slower than when it was calibrated, and the figures measured now are inflated)."""
 
     name: str
     kind: str
@@ -106,6 +125,8 @@ class Device:
     torch_shape: Optional[tuple] = None
     max_torch_T: Optional[int] = None
     steps_by_ops: bool = False
+    windows: dict = field(default_factory=dict)
+    drift: float = 1.0
     source: str = ""
 
     def cost_us(self, e: Event) -> tuple[str, float]:
@@ -113,6 +134,9 @@ class Device:
         scale = (e.hidden / 64) ** cost.H_EXPONENT if e.hidden else 1.0
         if e.what == tr.WORK:
             cat = "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+            if e.kind == "map" and "map" in self.windows:
+                o, c = self.windows["map"]
+                return cat, e.calls * (o + c * e.rows * scale)
             if e.kind == "map":
                 ops = e.ops if e.ops or e.views else MAP_OPS * e.calls
                 return cat, self._ops(ops, e.views) + self._stream(e.rows * e.calls * scale)
@@ -124,13 +148,14 @@ class Device:
                     raise ValueError(f"{self.name}: its model needs a trace with counted operators")
                 return cat, self._ops(e.ops, e.views) + self._stream(e.rows * e.calls * scale)
             o, c = self.steps[kind]
-            return cat, e.calls * (o + c * e.rows * scale)
+            return cat, e.calls * (o + c * e.rows * scale + self.windows.get(kind, 0.0))
         if e.what == tr.BULK:
             if e.kind in self.bulk:
                 o, c = self.bulk[e.kind]
                 return "bulk", o + c * e.rows * scale
             return "bulk", self._ops(e.ops, e.views) + self._stream(e.rows * scale)
-        return "other", self._ops(e.ops, e.views)
+        window = self.windows.get(f"{e.what} {e.kind}")
+        return "other", self._ops(e.ops, e.views) if window is None else window
 
     def _ops(self, ops: int, views: int) -> float:
         return ops * self.op_us + views * self.view_us
@@ -222,14 +247,16 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(y0 - c * x0, 0.0), c
 
 
-def _median_time(fn, repeats: int = 3) -> float:
+def time_step(fn, repeats: int = 3, least: bool = False) -> float:
+    """Seconds of ``fn()`` after one warm-up call: the median of ``repeats`` (``least``:
+    the least)."""
     fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times) if least else statistics.median(times)
 
 
 @functools.lru_cache(maxsize=8)
@@ -243,6 +270,7 @@ def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
     torch.set_num_threads(1)
     try:
         bulk: dict[str, list] = {}
+        traces = []
         for T in (512, 2048):
             step = training_step(T, batch, input_size, hidden, "budget", cfactor=32)
             step()  # warm
@@ -250,6 +278,7 @@ def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
             for _ in range(3):
                 with tr.record(timed=True) as t:
                     step()
+                traces.append(t)
                 for e in t.of(tr.BULK):
                     samples.setdefault(e.kind, []).append((e.rows, 1e6 * e.seconds))
             for kind, pts in samples.items():
@@ -257,11 +286,13 @@ def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
                 bulk.setdefault(kind, []).append((rows, min(s for _, s in pts)))
         scale = (hidden / 64) ** cost.H_EXPONENT
         bulk_fit = {k: _per_h64(fit(v), scale) for k, v in bulk.items()}
+        table = cost.table()["cpu"]
         torch_pts = []
         for T in (256, 1024):
-            torch_pts.append((T, 1e6 * _median_time(training_step(T, batch, input_size, hidden))))
-        table = cost.table()["cpu"]
+            torch_pts.append((T, 1e6 * time_step(training_step(T, batch, input_size, hidden))))
         compute_us, view_us = op_us()
+        windows = _windows(traces, table, scale)
+        drift = _drift(table, hidden)
         return Device(
             f"this CPU ({cost.cpu_name()}, 1 thread)",
             "cpu",
@@ -269,12 +300,49 @@ def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
             op_us=compute_us,
             view_us=view_us,
             bulk=bulk_fit,
+            windows=windows,
+            drift=drift,
             torch=fit(torch_pts),
             source=f"measured here: {cost.active().describe()}; operators, passes and "
             "torch.nn.GRU timed in this process",
         )
     finally:
         torch.set_num_threads(threads)
+
+
+def _drift(table: dict, hidden: int, rows: int = 64) -> float:
+    """A forward step over ``rows`` states timed now (the least of 5 sweeps) over the step
+    table's price for it."""
+    from .. import calibrate
+
+    fn, per = calibrate._sweep("step", rows, hidden, 32)
+    best = min(time_step(fn, 1, least=True) for _ in range(5)) / per
+    o, c = table["step"]
+    return 1e6 * best / (o + c * rows * (hidden / 64) ** cost.H_EXPONENT)
+
+
+def _windows(traces: list, table: dict, scale: float) -> dict:
+    """What the host spends around events, from timed traces (see :class:`Device`): per
+    call of a step beyond the cost model's step (the median), a coarse chunk map's ``(o, c)``
+    per call, and per message or phase event its median window."""
+    extra: dict[str, list] = {}
+    maps: list = []
+    others: dict[str, list] = {}
+    for t in traces:
+        for e in t.events:
+            us = 1e6 * e.seconds
+            if e.what == tr.WORK and e.kind in ("step", "adjoint") and e.calls:
+                o, c = table[e.kind]
+                extra.setdefault(e.kind, []).append(us / e.calls - (o + c * e.rows * scale))
+            elif e.what == tr.WORK and e.kind == "map" and e.calls:
+                maps.append((e.rows * scale, us / e.calls))
+            elif e.what in (tr.MESSAGE, tr.PHASE):
+                others.setdefault(f"{e.what} {e.kind}", []).append(us)
+    out: dict = {k: max(statistics.median(v), 0.0) for k, v in extra.items()}
+    if len({r for r, _ in maps}) > 1:
+        out["map"] = fit(maps)
+    out.update({k: statistics.median(v) for k, v in others.items()})
+    return out
 
 
 def _per_h64(oc: tuple[float, float], scale: float) -> tuple[float, float]:

@@ -8,9 +8,9 @@ the coarse levels whole; the exchanges become messages to its neighbours or coll
 :func:`replay` runs the ranks' traces against a :class:`~mgrit_gru.projection.machines.Machine`:
 each rank keeps a clock; work advances it by its modelled cost; a point-to-point message
 arrives ``latency + bytes / bandwidth`` after its sender reached it; a collective starts when
-the last rank reaches it and costs ``log2(P)`` latencies plus its bytes over the link (an
-all-reduce twice). The step time is the largest clock; the critical path split is that of the
-rank that finishes last.
+the last rank reaches it and costs the link's steps (``log2(P)`` for a tree, ``P - 1`` for
+a ring) in latencies plus its bytes over the link (an all-reduce twice). The step time is
+the largest clock; the critical path split is that of the rank that finishes last.
 """
 
 from __future__ import annotations
@@ -158,13 +158,13 @@ def _exchange(row, clock, split, sent, machine: Machine) -> None:
                 sent[r][0] += 1
                 sent[r][1] += size
         return
-    hops = math.ceil(math.log2(P))
-    if e0.kind == tr.GATHER or e0.kind == tr.CHECK:  # ring all-gather
+    hops = link.steps(P)
+    if e0.kind == tr.GATHER or e0.kind == tr.CHECK:  # every rank ends with P pieces
         cost = hops * link.latency_s + (P - 1) * size / link.bandwidth
     elif e0.kind in (tr.SUM, tr.MAX):  # all-reduce: reduce-scatter + all-gather
         cost = 2 * hops * link.latency_s + 2 * size * (P - 1) / P / link.bandwidth
     else:  # broadcast (first, last)
-        cost = hops * (link.latency_s + size / link.bandwidth)
+        cost = math.ceil(math.log2(P)) * (link.latency_s + size / link.bandwidth)
     start = max(clock)
     for r in range(P):
         split[r]["wait"] += start - clock[r]

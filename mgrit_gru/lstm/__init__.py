@@ -1,0 +1,1 @@
+"""The LSTM as a time-stepping problem (cell math; see cell.py)."""
