@@ -364,10 +364,10 @@ class TimeComm(LocalComm):
     @_exchange("receiving the start state")
     def recv_prev(self, like: Tensor) -> Optional[Tensor]:
         prev = self._peer(-1)
+        trace.message(trace.RECV_PREV, like, self.reverse, prev)
         if prev is None:
             return None
         out = torch.empty_like(like)
-        trace.message(trace.RECV_PREV, like, self.reverse, prev)
         dist.recv(out, prev, group=self.tg.group)
         return out
 

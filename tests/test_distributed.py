@@ -112,7 +112,7 @@ def _worker(rank: int, size: int, port: int) -> None:
                     float(rank == 0),
                     lengths,
                 )
-            if tg.coarse == "replicated" and options.num_levels(T) > 1:
+            if tg.coarse == "replicated":
                 # the projection's premise: each rank's work and messages are those that
                 # one process's trace, expanded to the group, says it has
                 want = comparable(expand(single_trace, size)[rank])

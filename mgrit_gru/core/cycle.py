@@ -239,7 +239,8 @@ class _Solver:
     def set_c_points(self, level: int, u: Tensor, uend: Tensor, values: Tensor) -> None:
         u[0, 1:] = values[:-1]
         uend.copy_(values[-1])
-        if level == 0:  # this rank's first C-point is the previous rank's last point
+        if level == 0 and len(self.grids) > 1:  # this rank's first C-point is the previous
+            # rank's last point (a serial solve, one grid, gets its start before it begins)
             received = self.comm.shift(uend)
             if received is not None:
                 u[0, 0] = received

@@ -455,7 +455,9 @@ def forward_solve(
         if len(grids) == 1 and state["fused"]:
             state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
             if state["points"] is not None:
+                trace.message(trace.RECV_PREV, h0)  # as a time group's serial solve would
                 meter.add("fused", B, T, level=trace.SERIAL)
+                trace.message(trace.SEND_NEXT, state["points"][T])
                 return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
             state["fused"] = False  # cuDNN refused the shape: the library's own loop solves it
         gx = gates()

@@ -37,13 +37,28 @@ def expand(trace: Trace, ranks: int) -> list[list[Event]]:
     lengths = [t1 - t0 for t0, t1 in slices]
     out: list[list[Event]] = [[] for _ in range(ranks)]
     reverse = False  # the current pass's order through the ranks
-    for e in trace.events:
+    events = trace.events if ranks == 1 else _unfused(trace.events, steps)
+    for e in events:
         if e.what == tr.PHASE and e.kind in ("forward", "backward"):
             reverse = e.reverse
         rev = reverse if e.reverse is None else e.reverse
         order = list(range(ranks))[::-1] if rev else list(range(ranks))
         for r in range(ranks):
             out[r].append(_for_rank(e, r, ranks, n, counts[r], steps, lengths[r], counts, order))
+    return out
+
+
+def _unfused(events: list[Event], steps: int) -> list[Event]:
+    """The events with each serial forward by torch's fused loop (one process only) as a
+    time group runs it: its input gates first (a pass over the slice), then the library's own
+    steps through the ranks in turn."""
+    out: list[Event] = []
+    for k, e in enumerate(events):
+        nxt = events[k + 1] if k + 1 < len(events) else None
+        fused = nxt is not None and nxt.what == tr.WORK and nxt.kind == "fused"
+        if e.what == tr.MESSAGE and e.kind == tr.RECV_PREV and fused:
+            out.append(Event(tr.BULK, "gates", nxt.rows * steps, 1, nxt.hidden))
+        out.append(replace(e, kind="step") if e.what == tr.WORK and e.kind == "fused" else e)
     return out
 
 
