@@ -14,10 +14,12 @@ from .replay import expand, replay
 # How far the models' predictions were from measurements (docs/projection.md, "Validation"):
 # predicted / measured over every point measured, with the command that measured them.
 VALIDATION = {
-    "cpu": "CPU model: predicted/measured 0.28-0.77 over P = 1-8 ranks, T = 4096-16384 "
-    "(16-core host of the lent H200, 2026-12-04; benchmarks/projection_check.py)",
-    "cuda": "H200 model: predicted/measured 0.46-0.82 over 9 training steps at T = 1024-16384 "
-    "(lent H200, 2026-12-04; benchmarks/gpu_check.sh)",
+    "cpu": "CPU model: predicted/measured 0.74-1.27 at 1-2 ranks on this project's 2-core Intel "
+    "Xeon (T = 4096-65536; random and trained weights; benchmarks/projection_check.py, "
+    "2026-12-04)",
+    "cuda": "H200 model: predicted/measured 1.00-1.31 on the held-out T = 16384-65536 of its "
+    "calibration lease, 0.80-1.63 over all 10 steps of it, 1.19-1.58 on another lease's "
+    "(2026-12-04; benchmarks/gpu_validation.py)",
 }
 DEFAULT_LINKS = {"cpu": ["shm", "10gbe", "ib"], "cuda": []}
 DRIFT_WARN = 1.3  # a step timed now over the calibration's price above which a run warns

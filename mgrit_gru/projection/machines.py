@@ -34,6 +34,9 @@ from ..trace import Event
 
 # An event whose operators were not counted: operators per call of a coarse chunk map.
 MAP_OPS = 2
+# The sequence lengths whose timed traces calibrate this CPU's passes over a slice: a short
+# one, and one whose passes no longer fit in the caches (as the long sequences' do not).
+BULK_T = (512, 8192)
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,9 @@ class Device:
     sequence torch.nn.GRU accepts there (cuDNN's limit), or None; ``steps_by_ops``: the
     library's steps too cost their operators (a GPU, where a step is its launches), which
     needs a trace with operators counted; ``windows``: what the host spends around events,
-    measured from timed traces: ``"step"`` / ``"adjoint"`` / ``"map"`` per call beyond the
-    step itself, ``"message <kind>"`` / ``"phase <kind>"`` per event (the work between steps:
+    measured from timed traces: ``"step"`` / ``"adjoint"`` ``(o, c per row)`` per call of an
+    MGRIT sweep beyond the step itself (exit checks, kept gates), ``"map"`` ``(o, c)`` per
+    call, ``"message <kind>"`` / ``"phase <kind>"`` per event (the work between steps:
     residuals, copies, C-relaxation), used in place of ``op_us`` where present; ``drift``:
     a step timed now over the step table's price for it (well above 1: the machine is loaded
     or slower than when it was calibrated, and the figures measured now are inflated)."""
@@ -148,7 +152,10 @@ class Device:
                     raise ValueError(f"{self.name}: its model needs a trace with counted operators")
                 return cat, self._ops(e.ops, e.views) + self._stream(e.rows * e.calls * scale)
             o, c = self.steps[kind]
-            return cat, e.calls * (o + c * e.rows * scale + self.windows.get(kind, 0.0))
+            # the host's work around an MGRIT sweep's steps (exit checks, views); a serial
+            # sweep runs the calibrated loop alone
+            xo, xc = (0.0, 0.0) if e.level == tr.SERIAL else self.windows.get(kind, (0.0, 0.0))
+            return cat, e.calls * (o + xo + (c + xc) * e.rows * scale)
         if e.what == tr.BULK:
             if e.kind in self.bulk:
                 o, c = self.bulk[e.kind]
@@ -262,8 +269,8 @@ def time_step(fn, repeats: int = 3, least: bool = False) -> float:
 @functools.lru_cache(maxsize=8)
 def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
     """This CPU at one thread, measured now (about 10 s): the cost model's step table in
-    use, the operator cost, the passes over a slice (a timed trace of MGRIT training steps
-    at T = 512 and 2048) and torch.nn.GRU's training step (T = 256 and 1024)."""
+    use, the operator cost, the passes over a slice (timed traces of MGRIT training steps at
+    :data:`BULK_T`) and torch.nn.GRU's training step (T = 256 and 1024)."""
     from .record import training_step
 
     threads = torch.get_num_threads()
@@ -271,7 +278,7 @@ def this_cpu(batch: int, input_size: int, hidden: int) -> Device:
     try:
         bulk: dict[str, list] = {}
         traces = []
-        for T in (512, 2048):
+        for T in BULK_T:
             step = training_step(T, batch, input_size, hidden, "budget", cfactor=32)
             step()  # warm
             samples: dict[str, list] = {}
@@ -321,6 +328,20 @@ def _drift(table: dict, hidden: int, rows: int = 64) -> float:
     return 1e6 * best / (o + c * rows * (hidden / 64) ** cost.H_EXPONENT)
 
 
+def _fit_extra(points: list) -> tuple[float, float]:
+    """``(o, c)`` of an MGRIT step's extra host time per call against its rows: through the
+    medians at its least and largest row counts (0 where none is measured)."""
+    by_rows: dict = {}
+    for rows, us in points:
+        by_rows.setdefault(rows, []).append(us)
+    medians = sorted((r, statistics.median(v)) for r, v in by_rows.items())
+    if len(medians) < 2:
+        return (max(medians[0][1], 0.0), 0.0) if medians else (0.0, 0.0)
+    (r0, y0), (r1, y1) = medians[0], medians[-1]
+    c = max((y1 - y0) / (r1 - r0), 0.0)
+    return max(y0 - c * r0, 0.0), c
+
+
 def _windows(traces: list, table: dict, scale: float) -> dict:
     """What the host spends around events, from timed traces (see :class:`Device`): per
     call of a step beyond the cost model's step (the median), a coarse chunk map's ``(o, c)``
@@ -331,14 +352,15 @@ def _windows(traces: list, table: dict, scale: float) -> dict:
     for t in traces:
         for e in t.events:
             us = 1e6 * e.seconds
-            if e.what == tr.WORK and e.kind in ("step", "adjoint") and e.calls:
+            if e.what == tr.WORK and e.kind in ("step", "adjoint") and e.calls and e.level >= 0:
                 o, c = table[e.kind]
-                extra.setdefault(e.kind, []).append(us / e.calls - (o + c * e.rows * scale))
+                per = us / e.calls - (o + c * e.rows * scale)
+                extra.setdefault(e.kind, []).append((e.rows * scale, per))
             elif e.what == tr.WORK and e.kind == "map" and e.calls:
                 maps.append((e.rows * scale, us / e.calls))
             elif e.what in (tr.MESSAGE, tr.PHASE):
                 others.setdefault(f"{e.what} {e.kind}", []).append(us)
-    out: dict = {k: max(statistics.median(v), 0.0) for k, v in extra.items()}
+    out: dict = {k: _fit_extra(v) for k, v in extra.items()}
     if len({r for r, _ in maps}) > 1:
         out["map"] = fit(maps)
     out.update({k: statistics.median(v) for k, v in others.items()})
