@@ -146,7 +146,9 @@ class Device:
                 return cat, self._ops(ops, e.views) + self._stream(e.rows * e.calls * scale)
             kind = e.kind
             if kind == "fused" and self.max_torch_T and e.calls >= self.max_torch_T:
-                kind = "step"  # beyond cuDNN's limit the library's own loop runs
+                # beyond cuDNN's limit the library's own loop runs: its step as a sweep runs it
+                o, c = self.steps["step"]
+                return cat, e.calls * (o + c * e.rows * scale)
             if self.steps_by_ops and kind != "fused":
                 if not (e.ops or e.views):
                     raise ValueError(f"{self.name}: its model needs a trace with counted operators")
