@@ -28,7 +28,13 @@ def main() -> int:
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--json", help="write every row here")
+    p.add_argument("--summary", metavar="JSON", help="only print the tables of a --json file")
     args = p.parse_args()
+    if args.summary:
+        rows = json.loads(Path(args.summary).read_text())
+        args.T = sorted({r["T"] for r in rows})
+        print_tables(rows, args.T)
+        return 0
     rows = []
     for T in args.T:
         for device, links in (("cpu", ["shm", "10gbe", "ib"]), ("cuda", None)):
@@ -52,6 +58,14 @@ def main() -> int:
             print(f"T={T} {dev.name}: {len(got)} rows", file=sys.stderr, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    print_tables(rows, args.T)
+    return 0
+
+
+def print_tables(rows: list[dict], Ts: list[int]) -> None:
+    """Per device and link, speed-up over the serial solver (over torch.nn.GRU) per T,
+    solver and P; ``cycles``: forward/adjoint per P (the chunk length, and so the cycles,
+    depends on P)."""
     print("PROJECTED speed-up of a training step over the serial solver (over torch.nn.GRU)")
     for device in sorted({r["device"] for r in rows}):
         mine = [r for r in rows if r["device"] == device]
@@ -61,9 +75,9 @@ def main() -> int:
             print(f"\n{device}" + (f" + {link}" if link else ""))
             print("| T | solver | cycles | " + " | ".join(f"P={P}" for P in Ps) + " |")
             print("|---|---|---|" + "---|" * len(Ps))
-            for T in args.T:
+            for T in Ts:
                 for solver in ("mgrit", "budget"):
-                    cells, cycles = [], "-"
+                    cells, cycles = [], []
                     for P in Ps:
                         hit = [
                             r
@@ -75,11 +89,12 @@ def main() -> int:
                             cells.append("-")
                             continue
                         r = hit[0]
-                        cycles = r.get("cycles", cycles)
+                        if r.get("cycles") and r["cycles"] not in cycles:
+                            cycles.append(r["cycles"])
                         xt = "" if r["x_torch"] is None else f" ({r['x_torch']:.2f})"
                         cells.append(f"{r['x_serial']:.2f}{xt}")
-                    print(f"| {T} | {solver} | {cycles} | " + " | ".join(cells) + " |")
-    return 0
+                    cyc = ", ".join(cycles) or "-"
+                    print(f"| {T} | {solver} | {cyc} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
