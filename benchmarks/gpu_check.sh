@@ -64,7 +64,7 @@ bench_rc=$?
 check_rc=0
 if [ "$DRY" = 0 ] && [ "${PROJECTION_CHECK_S:-240}" -gt 0 ]; then
     timeout "${PROJECTION_CHECK_S:-240}" "$PY" benchmarks/projection_check.py --ranks 1 2 4 8 \
-        --T 4096 16384 65536 --rounds 1 --json "$OUTDIR/projection_check.json" 2>&1 \
+        --T 4096 16384 --rounds 1 --repeats 2 --json "$OUTDIR/projection_check.json" 2>&1 \
         | grep -v Warning | tee "$OUTDIR/projection_check.txt"
     check_rc=${PIPESTATUS[0]}
 fi

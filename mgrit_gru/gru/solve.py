@@ -453,9 +453,11 @@ def forward_solve(
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
         if len(grids) == 1 and state["fused"]:
+            # noted as a time group's serial solve would run (before the loop: its operators
+            # belong to the steps' event); a refused shape notes it again below, harmlessly
+            trace.message(trace.RECV_PREV, h0)
             state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
             if state["points"] is not None:
-                trace.message(trace.RECV_PREV, h0)  # as a time group's serial solve would
                 meter.add("fused", B, T, level=trace.SERIAL)
                 trace.message(trace.SEND_NEXT, state["points"][T])
                 return SolveResult(state["points"][:T].unsqueeze(1), state["points"][T])
