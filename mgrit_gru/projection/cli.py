@@ -14,7 +14,7 @@ from .replay import expand, replay
 # How far the models' predictions were from measurements (docs/projection.md, "Validation"):
 # predicted / measured over every point measured, with the command that measured them.
 VALIDATION = {
-    "cpu": "CPU model: predicted/measured 0.74-1.27 at 1-2 ranks on this project's 2-core Intel "
+    "cpu": "CPU model: predicted/measured 0.74-1.33 at 1-2 ranks on this project's 2-core Intel "
     "Xeon (T = 4096-65536; random and trained weights; benchmarks/projection_check.py, "
     "2026-12-04)",
     "cuda": "H200 model: predicted/measured 1.00-1.31 on the held-out T = 16384-65536 of its "
