@@ -3,6 +3,7 @@
 from .gru.control import ConvergenceWarning as ConvergenceWarning
 from .gru.control import DivergenceError as DivergenceError
 from .gru.control import DivergenceWarning as DivergenceWarning
+from .lstm.module import LSTM as LSTM
 from .module import GRU as GRU
 from .options import MGRIT as MGRIT
 from .options import Auto as Auto
@@ -16,6 +17,7 @@ from .stats import SolveStats as SolveStats
 
 __all__ = [
     "GRU",
+    "LSTM",
     "MGRIT",
     "Auto",
     "Budget",

@@ -1,2 +1,2 @@
-"""The LSTM as a time-stepping problem: its cell (cell.py) and one layer's MGRIT solves
-(solve.py) on the problem-agnostic core; the module is still to come."""
+"""The LSTM as a time-stepping problem: its cell (cell.py), one layer's MGRIT solves on
+the problem-agnostic core (solve.py) and ``mgrit_gru.LSTM`` (module.py)."""

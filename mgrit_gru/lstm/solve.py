@@ -6,8 +6,8 @@ The frozen-gate map of a step is diagonal in ``c`` (``c' = f c + i g``) and carr
 a chunk's is its product. The adjoint's is the same ``[0, f]`` (``lam_c = f s``). Padding steps
 (the grid's whole chunks past ``T``) are identity steps with factor 1.
 
-No module uses these yet (``mgrit_gru.LSTM`` is still to come); they are tested against
-torch.nn.LSTM and autograd.
+``mgrit_gru.LSTM`` (:mod:`mgrit_gru.lstm.module`) runs each layer and direction through
+them; they are tested against torch.nn.LSTM and autograd.
 """
 
 from __future__ import annotations
