@@ -40,45 +40,24 @@ from mgrit_gru.projection import LINKS, Link, Machine, comparable, expand, machi
 
 
 def config_step(cfg: dict, cfactor: int, time_group=None):
-    """The training step of one configuration (the same weights and inputs everywhere)."""
+    """The training step of one configuration (the same weights and inputs everywhere; with
+    ``time_group``, this rank's slice of it)."""
     weights = inputs = None
     inp = cfg["input"]
     if cfg.get("checkpoint"):
         weights, inputs, inp, _, _ = record.from_run(cfg["checkpoint"], cfg["T"], cfg["batch"])
-    if time_group is None:
-        return record.training_step(
-            cfg["T"], cfg["batch"], inp, cfg["hidden"], cfg["solver"], cfactor, 1, weights, inputs
-        )
-    return _rank_step(cfg, cfactor, time_group, weights, inputs, inp)
-
-
-def _rank_step(cfg, cfactor, tg, weights, inputs, inp):
-    from mgrit_gru import GRU
-    from mgrit_gru.distributed import scatter_time
-
-    T, B, H = cfg["T"], cfg["batch"], cfg["hidden"]
-    gen = torch.Generator().manual_seed(0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        ref = torch.nn.GRU(inp, H, 1)
-    if weights is not None:
-        ref.load_state_dict(weights)
-    x = inputs if inputs is not None else torch.randn(T, B, inp, generator=gen)
-    w = torch.randn(T, B, H, generator=gen) / (T * B) ** 0.5
-    module = GRU.from_torch(ref, solver=record.options(cfg["solver"], cfactor))
-    module.time_group = tg
-    x_local, w_local = scatter_time(x, tg, cfactor), scatter_time(w, tg, cfactor)
-    last = tg.rank == tg.size - 1
-
-    def step():
-        module.zero_grad(set_to_none=True)
-        y, h_n = module(x_local.detach().requires_grad_())
-        loss = (y * w_local).sum() + (h_n.sum() if last else 0.0)
-        loss.backward()
-        step.loss = float(loss.detach())
-        return module
-
-    return step
+    return record.training_step(
+        cfg["T"],
+        cfg["batch"],
+        inp,
+        cfg["hidden"],
+        cfg["solver"],
+        cfactor,
+        1,
+        weights,
+        inputs,
+        time_group=time_group,
+    )
 
 
 def worker(path: str) -> None:

@@ -45,17 +45,19 @@ def training_step(
     inputs: Optional[torch.Tensor] = None,
     seed: int = 0,
     device: str = "cpu",
+    time_group=None,
 ) -> Callable[[], GRU]:
     """A function that runs one training step and returns the module (its ``last_stats``).
 
     ``weights``: a torch.nn.GRU state_dict (a checkpoint's layers) instead of random ones;
     ``inputs`` ``(steps, batch, input_size)`` instead of random ones; ``device``: where it
-    runs. The loss is
-    ``sum(y * w) + sum(h_n)`` with fixed random ``w``: every step's output and the end state
-    carry gradient."""
+    runs; ``time_group``: this rank's slice of the same step (``cfactor`` an int), every rank
+    building the same model and inputs. The loss is ``sum(y * w) + sum(h_n)`` with fixed
+    random ``w``: every step's output and the end state carry gradient (over a time group,
+    ``h_n`` on its last rank only, so that the ranks' losses add up to one process's)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         ref = torch.nn.GRU(input_size, hidden, layers)
     if weights is not None:
         ref.load_state_dict(weights)
@@ -63,12 +65,19 @@ def training_step(
     w = torch.randn(steps, batch, hidden, generator=gen) / (steps * batch) ** 0.5
     ref, x, w = ref.to(device), x.to(device), w.to(device)
     module = ref if solver == "torch" else GRU.from_torch(ref, solver=options(solver, cfactor))
+    with_end = True
+    if time_group is not None:
+        from ..distributed import scatter_time
+
+        module.time_group = time_group
+        x, w = scatter_time(x, time_group, cfactor), scatter_time(w, time_group, cfactor)
+        with_end = time_group.rank == time_group.size - 1
 
     def step():
         module.zero_grad(set_to_none=True)
         xr = x.detach().requires_grad_()
         y, h_n = module(xr)
-        loss = (y * w).sum() + h_n.sum()
+        loss = (y * w).sum() + (h_n.sum() if with_end else 0.0)
         loss.backward()
         step.loss = float(loss.detach())
         return module
