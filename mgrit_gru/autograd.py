@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from . import trace, workspace
+from .core.cycle import LocalComm
 from .gru import cell as gru
 from .gru import reference
 from .gru.solve import adjoint_solve, forward_solve
@@ -48,11 +49,9 @@ class GRULayerFunction(torch.autograd.Function):
         ctx.hier, ctx.cell, ctx.options, ctx.record, ctx.where = hier, cell, options, record, where
         ctx.tg, ctx.control = tg, control
         T = x.shape[0]
-        h_n = points[T].clone()
-        if tg is not None:  # the global end state lives on the last rank (in this direction)
-            h_n = tg.comm(reverse=where[1]).last(h_n)
-        else:
-            trace.message(trace.LAST, h_n, reverse=where[1])
+        # the global end state lives on the last rank (in this direction)
+        comm = LocalComm(where[1]) if tg is None else tg.comm(reverse=where[1])
+        h_n = comm.last(points[T].clone())
         return points[1:], h_n
 
     @staticmethod
@@ -62,13 +61,10 @@ class GRULayerFunction(torch.autograd.Function):
         x, _, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
         T, B, I = x.shape
         tg = ctx.tg
-        comm = None if tg is None else tg.comm(reverse=ctx.where[1])
-        if comm is not None:  # every rank's loss may use h_n: sum, and apply it at the end
-            d_hn = comm.sum_(d_hn.clone())
-            if tg.rank != comm.order[-1]:
-                d_hn.zero_()
-        else:
-            trace.message(trace.SUM, d_hn, reverse=not ctx.where[1])
+        comm = LocalComm(ctx.where[1]) if tg is None else tg.comm(reverse=ctx.where[1])
+        d_hn = comm.sum_(d_hn.clone())  # every rank's loss may use h_n: sum, apply it at the end
+        if tg is not None and tg.rank != comm.order[-1]:
+            d_hn.zero_()
         adj = adjoint_solve(
             points,
             x,
@@ -108,14 +104,10 @@ class GRULayerFunction(torch.autograd.Function):
                 d_b_ih += d_gx.sum(0)
                 d_b_hh += d_gh.sum(0)
         d_h0 = adj.lam_rev[T].clone()
-        if comm is not None:  # parameters and h0 are shared by the time slices
-            if not comm.first:
-                d_h0.zero_()
-            for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
-                comm.sum_(grad)
-        else:
-            for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
-                trace.message(trace.SUM, grad)
+        if not comm.first:  # parameters and h0 are shared by the time slices
+            d_h0.zero_()
+        for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
+            comm.sum_(grad)
         return (
             d_x,
             d_h0 if need[1] else None,

@@ -93,6 +93,10 @@ class LocalComm:
 
     first = True  # holds global point 0
 
+    def __init__(self, reverse: Optional[bool] = None) -> None:
+        self.reverse = reverse  # the pass runs through the ranks in reversed order (None: as
+        # the pass under way: only a trace reads it)
+
     def span(self, n: int) -> tuple[int, int]:
         """This rank's chunks of the finest level, given its local chunk count."""
         return 0, n
@@ -101,18 +105,37 @@ class LocalComm:
     # time group would send at this point of the algorithm.
     def shift(self, uend: Tensor) -> Optional[Tensor]:
         """Send this rank's last point on; the previous rank's last point (None on the first)."""
-        trace.message(trace.SHIFT, uend)
+        trace.message(trace.SHIFT, uend, self.reverse)
         return None
 
     def gather(self, local: Tensor) -> Tensor:
         """Per-chunk values of all ranks in time order."""
-        trace.message(trace.GATHER, local)
+        trace.message(trace.GATHER, local, self.reverse)
         return local
 
     def last(self, uend: Tensor) -> Tensor:
         """The global last point (held by the last rank) on every rank."""
-        trace.message(trace.LAST, uend)
+        trace.message(trace.LAST, uend, self.reverse)
         return uend
+
+    def broadcast_from(self, value: Tensor, pos: int) -> Tensor:
+        """The value of the rank at position ``pos`` of the pass's order, on every rank."""
+        trace.message(trace.FIRST if pos == 0 else trace.LAST, value, self.reverse)
+        return value
+
+    def sum_(self, tensor: Tensor) -> Tensor:
+        """``tensor`` summed over the ranks, in place."""
+        trace.message(trace.SUM, tensor, self.reverse)
+        return tensor
+
+    def recv_prev(self, like: Tensor) -> Optional[Tensor]:
+        """A serial solve's start: the previous rank's end state (None on the first)."""
+        trace.message(trace.RECV_PREV, like, self.reverse)
+        return None
+
+    def send_next(self, value: Tensor) -> None:
+        """A serial solve's end state, to the next rank."""
+        trace.message(trace.SEND_NEXT, value, self.reverse)
 
     def solve_coarse(self, solve: Callable[[], Tensor], n: int, like: Tensor) -> Tensor:
         """Run the coarse-grid solve (``solve()`` gives all level-1 points ``(N + 1, *S)``)
@@ -122,7 +145,7 @@ class LocalComm:
         return solve()[c0 : c1 + 1]
 
     def max(self, value: float) -> float:
-        trace.message(trace.MAX, None)
+        trace.message(trace.MAX, None, self.reverse)
         return value
 
 

@@ -42,7 +42,7 @@ from ..core import (
     stopping,
 )
 from ..core.coarse import DiagonalStep, SecantStep
-from ..core.cycle import ProgressGuard
+from ..core.cycle import LocalComm, ProgressGuard
 from ..core.stopping import StopTest
 from ..options import MGRIT, Implicit, Secant, Stopping
 from ..stats import SolveStats
@@ -239,15 +239,11 @@ def build_hierarchy(
 def _solve_on(comm, grids, ops, u0, g, work, **options):
     """The core solve on this process's part of the finest level. Without coarse levels the
     ranks step through their slices in turn: each starts from the previous rank's end."""
-    if comm is not None and len(grids) == 1:
+    if len(grids) == 1:
+        comm = comm or LocalComm()
         start = comm.recv_prev(u0)
         result = solve(grids, ops, u0 if start is None else start, g, work=work)
         comm.send_next(result.uend)
-        return result
-    if len(grids) == 1:  # what a time group's serial solve would exchange
-        trace.message(trace.RECV_PREV, u0)
-        result = solve(grids, ops, u0, g, work=work)
-        trace.message(trace.SEND_NEXT, result.uend)
         return result
     return solve(grids, ops, u0, g, work=work, comm=comm, **options)
 
@@ -643,7 +639,7 @@ def adjoint_solve(
     T, B = x.shape[:2]
     H = w_hh.shape[1]
     reverse = where[1]
-    comm = None if tg is None else tg.comm(reverse=not reverse)
+    comm = LocalComm(not reverse) if tg is None else tg.comm(reverse=not reverse)
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
     trace.phase("backward", reverse=not reverse)
@@ -652,19 +648,14 @@ def adjoint_solve(
             points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
         )
     hier.release_kept()
-    f_first = None
-    if tg is not None:  # dL/dy at a slice's first point was the previous rank's last output
-        f_first = tg.comm(reverse=reverse).shift(d_out[T - 1])
-    else:
-        trace.message(trace.SHIFT, d_out[T - 1], reverse=reverse)
+    # dL/dy at a slice's first point was the previous rank's last output (None on the first)
+    forward_order = LocalComm(reverse) if tg is None else tg.comm(reverse=reverse)
+    f_first = forward_order.shift(d_out[T - 1])
     with trace.bulk("forcing", T * B, H, x):
         g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
         low, high = torch.aminmax(g_rev)
         scale = max(-low.item(), high.item(), f_T.abs().max().item())
-    if comm is not None:
-        scale = comm.max(scale)
-    else:
-        trace.message(trace.MAX, None)
+    scale = comm.max(scale)
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
@@ -690,10 +681,8 @@ def adjoint_solve(
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *f_T.shape), f_T)
         g0 = chunk_view(g_rev[lo : lo + fine.M], fine)
-        if comm is not None and len(grids) > 1:  # every rank starts from the global u0
+        if len(grids) > 1:  # every rank starts from the global u0
             u0 = comm.broadcast_from(u0, 0)
-        elif len(grids) > 1:
-            trace.message(trace.FIRST, u0)
         return _solve_on(
             comm,
             grids,
