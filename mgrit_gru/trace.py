@@ -125,7 +125,6 @@ class _Recorder:
         self.count_ops, self.timed, self.sync = count_ops, timed, sync
         self.ops = self.views = 0
         self.last = time.perf_counter()
-        self.mode = None
 
     def emit(self, event: Event) -> None:
         if self.count_ops or self.timed:
@@ -190,26 +189,19 @@ def record(
         _active = None
 
 
-def _counter_class():
+def _OpCounter(rec: _Recorder):
+    """A dispatch mode that counts into ``rec`` the operators that compute and the views."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Counter(TorchDispatchMode):
-        def __init__(self, rec: _Recorder) -> None:
-            super().__init__()
-            self.rec = rec
-
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if getattr(func, "is_view", False):
-                self.rec.views += 1
+                rec.views += 1
             else:
-                self.rec.ops += 1
+                rec.ops += 1
             return func(*args, **(kwargs or {}))
 
-    return Counter
-
-
-def _OpCounter(rec: _Recorder):
-    return _counter_class()(rec)
+    return Counter()
 
 
 def _sync(x: Optional[Tensor]) -> None:
