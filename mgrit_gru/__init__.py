@@ -1,8 +1,8 @@
 """mgrit-gru: GRU layers trained parallel in time with multigrid reduction in time (MGRIT)."""
 
-from .gru.control import ConvergenceWarning as ConvergenceWarning
-from .gru.control import DivergenceError as DivergenceError
-from .gru.control import DivergenceWarning as DivergenceWarning
+from .layer.control import ConvergenceWarning as ConvergenceWarning
+from .layer.control import DivergenceError as DivergenceError
+from .layer.control import DivergenceWarning as DivergenceWarning
 from .lstm.module import LSTM as LSTM
 from .module import GRU as GRU
 from .options import MGRIT as MGRIT

@@ -84,7 +84,7 @@ def _sweep(
     0 steps: 16-64 by :func:`_steps`."""
     from .core import Grid
     from .core.cycle import LocalComm, _Solver
-    from .gru import solve as gs
+    from .layer import solve as gs
 
     steps = steps or _steps(kind, rows, H, 16, 64)
     grid = Grid(N=steps * rows, m=steps, n=rows)
@@ -106,7 +106,7 @@ def _sweep(
 def _fused(batch: int, H: int, T: int = 0) -> tuple[Callable[[], None], int]:
     """The serial forward by torch.nn.GRU's loop over ``T`` steps of ``batch`` sequences;
     0 steps: 32-512 by :func:`_steps`."""
-    from .gru import solve as gs
+    from .layer import solve as gs
 
     T = T or _steps("fused", batch, H, 32, 512)
     ref = torch.nn.GRU(1, H)

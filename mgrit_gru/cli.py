@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .app.train import Interrupted
     from .distributed import TimeParallelError
-    from .gru.solve import DivergenceError
+    from .layer.solve import DivergenceError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -11,7 +11,7 @@ as ``H^1.75`` over H = 32-128 on the CPU (the GEMMs' H^2 dominate at larger H). 
 - ``"step"``: the library's batched forward step (MGRIT's sweeps; the serial loop where it is
   used);
 - ``"fused"``: ``torch.nn.GRU``'s own CPU loop, which the serial forward uses for small
-  batches (``mgrit_gru.gru.solve.FUSED_MAX``);
+  batches (``mgrit_gru.layer.solve.FUSED_MAX``);
 - ``"adjoint"``: one step of the adjoint recurrence.
 
 The table in use (:func:`table`, :func:`active`):

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from . import trace
-from .autograd import gru_layer
 from .gru import reference
 from .gru.cell import CELLS
-from .gru.control import AutoChoice, DivergenceMemory
+from .layer.autograd import gru_layer
+from .layer.control import AutoChoice, DivergenceMemory
 from .options import MGRIT, Auto, as_options
 from .stats import RunStats, SolveStats
 

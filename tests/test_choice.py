@@ -70,7 +70,7 @@ def test_auto_waits_long_enough_that_losing_tries_stay_cheap(mgrit_step_costs):
     """The wait after a losing try is at least the try's excess over the serial solve divided
     by TRY_SHARE (here more than the doubling's first 4), so the tries that lose add at most
     about TRY_SHARE to the serial work between them."""
-    from mgrit_gru.gru.control import AutoChoice
+    from mgrit_gru.layer.control import AutoChoice
 
     ref = make_ref(3, 8)
     gru = mgrit_gru.GRU.from_torch(ref)

@@ -244,7 +244,7 @@ def test_frozen_gate_chunk_map_is_the_composition_of_its_steps():
     sweep's gates held fixed, a chunk maps a changed start h0 + d to its end + A d, A the
     product of those factors (ForwardStep.chunk_factors)."""
     from mgrit_gru.gru import cell
-    from mgrit_gru.gru.solve import ForwardStep
+    from mgrit_gru.layer.solve import ForwardStep
 
     torch.manual_seed(0)
     m, n, B, H = 9, 2, 3, 5

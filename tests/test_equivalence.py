@@ -272,7 +272,7 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
     fine steps are wide (MGRIT's chunks, or a batch of 64 in the serial sweep), not for a serial
     sweep over 3 sequences, nor where the serial forward runs torch's fused loop."""
     from mgrit_gru.gru import cell as gru
-    from mgrit_gru.gru.solve import FUSED_MAX
+    from mgrit_gru.layer.solve import FUSED_MAX
 
     calls = []
     kept_fn = gru.linearise_kept
@@ -335,7 +335,7 @@ def test_kept_gates_come_from_the_sweep_that_made_the_output():
     """At a loose tolerance one FCF relaxation ends the solve; its first F-sweep started
     from the initial guess, so gates kept from it would be far off. The kept ones must be the
     final sweep's: then they match recomputing at the output to the residual's order."""
-    from mgrit_gru.gru import solve
+    from mgrit_gru.layer import solve
 
     torch.manual_seed(3)
     ours = mgrit_gru.GRU(3, 6)

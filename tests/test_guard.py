@@ -156,7 +156,7 @@ def test_backoff_skips_mgrit_after_divergence_and_doubles():
 
 
 def test_backoff_resets_after_a_converged_solve():
-    from mgrit_gru.gru.control import DivergenceMemory, Outcome
+    from mgrit_gru.layer.control import DivergenceMemory, Outcome
 
     memory, key = DivergenceMemory(), ("forward", 0, False)
     diverged, converged = Outcome(True, 2.0, 1.0, "diverged"), Outcome(True, 0.5, 1.0)

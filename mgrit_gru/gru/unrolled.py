@@ -12,7 +12,7 @@ states of every sweep (about ``sweeps x T x B x H`` floats, several times the ex
 The cycles are the core's: relaxation ``F(CF)*`` on each level, FAS coarse problems on the
 hierarchy of :func:`mgrit_gru.core.build_grids`, the coarsest level solved by stepping, a final
 F-relaxation and C-relaxation on the finest; coarse corrections "implicit", "frozen" and
-"secant" as in :mod:`mgrit_gru.gru.solve` (the last two built from the sweep's own factors,
+"secant" as in :mod:`mgrit_gru.layer.solve` (the last two built from the sweep's own factors,
 differentiably). Early exit is off: every sweep runs to its end.
 """
 
@@ -25,10 +25,10 @@ from torch import Tensor
 
 from ..core import Grid, build_grids, chunk_view, pad_steps, to_chunks
 from ..core.cycle import cf_sweeps
+from ..layer.solve import build_hierarchy, chunk_map_ops, step_weights
 from ..options import MGRIT, Implicit
 from . import cell as gru
 from .reference import step
-from .solve import build_hierarchy, chunk_map_ops, step_weights
 
 
 class Steps:

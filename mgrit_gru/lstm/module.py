@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..gru.control import ConvergenceWarning
+from ..layer.control import ConvergenceWarning
 from ..options import MGRIT
 from . import solve
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..core import build_grids, chunk_view, flat_points, pad_steps, solve
 from ..core.stopping import StopTest
-from ..gru.solve import chunk_map_ops
+from ..layer.solve import chunk_map_ops
 from ..options import MGRIT
 from . import cell
 

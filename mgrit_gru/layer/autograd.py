@@ -7,13 +7,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import trace, workspace
-from .core.cycle import LocalComm
-from .gru import cell as gru
-from .gru import reference
-from .gru.solve import adjoint_solve, forward_solve
-from .options import MGRIT
-from .stats import RunStats, SolveStats
+from .. import trace, workspace
+from ..core.cycle import LocalComm
+from ..gru import cell as gru
+from ..gru import reference
+from ..options import MGRIT
+from ..stats import RunStats, SolveStats
+from .solve import adjoint_solve, forward_solve
 
 
 class GRULayerFunction(torch.autograd.Function):
@@ -163,8 +163,8 @@ def gru_layer(
 ):
     """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
     (the state stays fixed there, so ``h_n`` is each sequence's state at its own end).
-    ``control``: the module's :class:`mgrit_gru.gru.control.AutoChoice` (``solver="auto"``)
-    or :class:`~mgrit_gru.gru.control.DivergenceMemory` (``on_divergence="backoff"``), or
+    ``control``: the module's :class:`mgrit_gru.layer.control.AutoChoice` (``solver="auto"``)
+    or :class:`~mgrit_gru.layer.control.DivergenceMemory` (``on_divergence="backoff"``), or
     None."""
     keep = options.keep_gates and torch.is_grad_enabled()  # else no backward reads them
     return GRULayerFunction.apply(

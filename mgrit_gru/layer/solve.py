@@ -44,9 +44,9 @@ from ..core import (
 from ..core.coarse import DiagonalStep, SecantStep
 from ..core.cycle import LocalComm, ProgressGuard
 from ..core.stopping import StopTest
+from ..gru import cell as gru
 from ..options import MGRIT, Implicit, Secant, Stopping
 from ..stats import SolveStats
-from . import cell as gru
 from .control import DivergenceError, DivergenceWarning, solve_guarded, warn_tol_raised
 
 __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_solve"]
@@ -400,7 +400,7 @@ def forward_solve(
     this rank's time slice and the returned points are its slice's; a reverse direction
     passes the slices in reversed rank order. ``keep``: the fine steps of the last sweep
     keep their gates for the backward (``hier.kept``). ``control``: see
-    :func:`mgrit_gru.gru.control.solve_guarded`.
+    :func:`mgrit_gru.layer.control.solve_guarded`.
 
     Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
@@ -634,7 +634,7 @@ def adjoint_solve(
             own time order.
         tg: time-parallel context (then all of these are this rank's slice; d_last counts only
             on the rank that holds the direction's last point).
-        control: see :func:`mgrit_gru.gru.control.solve_guarded`.
+        control: see :func:`mgrit_gru.layer.control.solve_guarded`.
     """
     T, B = x.shape[:2]
     H = w_hh.shape[1]
