@@ -84,6 +84,7 @@ def _sweep(
     0 steps: 16-64 by :func:`_steps`."""
     from .core import Grid
     from .core.cycle import LocalComm, _Solver
+    from .gru.cell import GRUCell
     from .layer import solve as gs
 
     steps = steps or _steps(kind, rows, H, 16, 64)
@@ -93,11 +94,11 @@ def _sweep(
     if kind == "step":
         gates = torch.randn(grid.M, 1, 3 * H, device=device)
         b = torch.randn(H, device=device)
-        op = gs.ForwardStep(grid, gates, w_hh, b, "classic", meter=meter)
+        op = gs.ForwardStep(grid, gates, w_hh, b, GRUCell("classic"), meter=meter)
     else:
         D = torch.rand(grid.M, 1, H, device=device)
         C = torch.rand(grid.M, 1, 3 * H, device=device) * 0.1
-        op = gs.AdjointStep(grid, D, C, w_hh, meter)
+        op = gs.AdjointStep(grid, D, C, w_hh, GRUCell("classic"), meter)
     u = torch.rand(steps, rows, 1, H, device=device) - 0.5
     relax = _Solver([grid], [op], "F", LocalComm())
     return (lambda: relax.f_relax(0, u, None)), steps - 1
@@ -106,13 +107,13 @@ def _sweep(
 def _fused(batch: int, H: int, T: int = 0) -> tuple[Callable[[], None], int]:
     """The serial forward by torch.nn.GRU's loop over ``T`` steps of ``batch`` sequences;
     0 steps: 32-512 by :func:`_steps`."""
-    from .layer import solve as gs
+    from .gru.cell import fused_forward
 
     T = T or _steps("fused", batch, H, 32, 512)
     ref = torch.nn.GRU(1, H)
     x, h0 = torch.randn(T, batch, 1), torch.zeros(batch, H)
     params = [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0, ref.bias_hh_l0]
-    return (lambda: gs.fused_forward(x, h0, *params)), T
+    return (lambda: fused_forward(x, h0, *params)), T
 
 
 def time_points(

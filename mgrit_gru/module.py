@@ -2,34 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import math
-import warnings
 from typing import Optional, Union
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from . import trace
-from .gru import reference
-from .gru.cell import CELLS
-from .layer.autograd import gru_layer
-from .layer.control import AutoChoice, DivergenceMemory
-from .options import MGRIT, Auto, as_options
-from .stats import RunStats, SolveStats
+from .gru.cell import CELLS, GRUCell
+from .layer.module import HALF as HALF
+from .layer.module import TRANSFORMED as TRANSFORMED
+from .layer.module import Recurrent
+from .options import MGRIT, Auto
+from .stats import SolveStats
 
 
-def _eager_under_compile(forward):
-    """``forward`` run eagerly inside ``torch.compile`` (torch.compiler.disable): the solve's
-    data-dependent control flow (cycles to a tolerance, the automatic choice, statistics)
-    would break or recompile a traced graph; torch.nn.GRU is a graph break too."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    return forward if disable is None else disable(forward)
-
-
-class GRU(nn.Module):
+class GRU(Recurrent):
     """Multi-layer GRU with ``torch.nn.GRU``'s constructor, call, parameters and outputs.
 
     Args:
@@ -54,6 +39,9 @@ class GRU(nn.Module):
     history of every layer and direction; its backward entries fill in when autograd runs.
     """
 
+    _NAME = "GRU"
+    _TORCH = nn.GRU
+
     def __init__(
         self,
         input_size: int,
@@ -70,490 +58,58 @@ class GRU(nn.Module):
         cell: str = "classic",
         time_group=None,
     ) -> None:
-        super().__init__()
-        for name, value in (
-            ("input_size", input_size),
-            ("hidden_size", hidden_size),
-            ("num_layers", num_layers),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GRU: {name} must be a positive integer, got {value!r}")
-        if (
-            not isinstance(dropout, (int, float))
-            or isinstance(dropout, bool)
-            or not (0.0 <= dropout <= 1.0)
-        ):
-            raise ValueError(f"GRU: dropout must be a number in [0, 1], got {dropout!r}")
         if cell not in CELLS:
             raise ValueError(f"GRU: unknown cell={cell!r}; choose one of {CELLS}")
-        if dropout > 0 and num_layers == 1:  # torch.nn.GRU's warning, word for word
-            warnings.warn(
-                "dropout option adds dropout after all but last recurrent layer, so non-zero "
-                "dropout expects num_layers greater than 1, but got "
-                f"dropout={dropout} and num_layers={num_layers}",
-                stacklevel=2,
-            )
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
-        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
-        self.bidirectional = bidirectional
-        self.solver = as_options(solver)
-        self.cell = cell
-        self.time_group = time_group
-        self._divergence = DivergenceMemory()  # for MGRIT(on_divergence="backoff")
-        self.last_stats: Optional[RunStats] = None
-        factory = {"device": device, "dtype": dtype}
-        directions = 2 if bidirectional else 1
-        self._flat_weights_names: list[str] = []
-        for layer in range(num_layers):
-            layer_in = input_size if layer == 0 else hidden_size * directions
-            for direction in range(directions):
-                suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                shapes = [
-                    ("weight_ih", (3 * hidden_size, layer_in)),
-                    ("weight_hh", (3 * hidden_size, hidden_size)),
-                ]
-                if bias:
-                    shapes += [("bias_ih", (3 * hidden_size,)), ("bias_hh", (3 * hidden_size,))]
-                for kind, shape in shapes:
-                    name = kind + suffix
-                    setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
-                    self._flat_weights_names.append(name)
-        self.reset_parameters()
-
-    @property
-    def solver(self):
-        """The solver options (:class:`mgrit_gru.MGRIT` or :class:`mgrit_gru.Auto`).
-        Assigning ``"auto"``, ``"serial"``, ``"mgrit"`` or such an object takes effect from
-        the next call."""
-        return self._solver
-
-    @solver.setter
-    def solver(self, value) -> None:
-        self._solver = as_options(value)
-        wait = self._solver.max_wait if isinstance(self._solver, Auto) else Auto().max_wait
-        self._choice = AutoChoice(wait)  # a new solver learns anew
-
-    @contextlib.contextmanager
-    def using(self, solver):
-        """Within the block, solve with ``solver`` (as for ``solver=``); the solver and what
-        it has learnt are restored after it (e.g. to test a budget-trained model serially)."""
-        saved = self._solver
-        self._solver = as_options(solver)
-        try:
-            yield self
-        finally:
-            self._solver = saved
-
-    def solver_state(self) -> dict:
-        """What the solver has learnt from earlier calls (the automatic choice's and the
-        backoff's per-layer state): plain data for a checkpoint, so that a resumed training
-        run makes the choices an uninterrupted one would. Not part of ``state_dict`` (whose
-        keys stay ``torch.nn.GRU``'s)."""
-        return {"auto": self._choice.state_dict(), "backoff": self._divergence.state_dict()}
-
-    def load_solver_state(self, state: dict) -> None:
-        self._choice.load_state_dict(state.get("auto", {}))
-        self._divergence.load_state_dict(state.get("backoff", {}))
-
-    def time_cfactor(self, steps: int, batch: int) -> int:
-        """The chunk length of a time-parallel call with ``steps`` global time steps and
-        ``batch`` sequences (``cfactor="auto"`` resolved from the global shape and the time
-        group's size, as on every rank); :func:`mgrit_gru.distributed.scatter_time` takes
-        the module in its place."""
-        ranks = 1 if self.time_group is None else self.time_group.size
-        device = self.weight_ih_l0.device.type
-        opts = self._mgrit_options()
-        return opts.resolve(steps, batch, self.hidden_size, device, ranks).cfactor
-
-    def _mgrit_options(self) -> MGRIT:
-        return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
-
-    @property
-    def _all_weights(self) -> list[list[str]]:
-        per = 4 if self.bias else 2
-        names = self._flat_weights_names
-        return [names[i : i + per] for i in range(0, len(names), per)]
-
-    @property
-    def all_weights(self) -> list[list[nn.Parameter]]:
-        """As ``torch.nn.GRU.all_weights``: per layer and direction, its parameters."""
-        return [[getattr(self, name) for name in names] for names in self._all_weights]
-
-    def flatten_parameters(self) -> None:
-        """As ``torch.nn.GRU.flatten_parameters``; a no-op (no cuDNN weight buffer here)."""
-
-    def __prepare_scriptable__(self):
-        raise RuntimeError(
-            "mgrit_gru.GRU cannot be compiled by torch.jit.script: its solver is Python code "
-            "around a torch.autograd.Function. For TorchScript export its weights as a "
-            "torch.nn.GRU with gru.to_torch() (the same function, solved serially)"
+        super().__init__(
+            GRUCell(cell),
+            input_size,
+            hidden_size,
+            num_layers,
+            bias,
+            batch_first,
+            dropout,
+            bidirectional,
+            device,
+            dtype,
+            solver=solver,
+            time_group=time_group,
         )
+        self.cell = cell
 
     def to_torch(self) -> nn.GRU:
         """A ``torch.nn.GRU`` with these weights (same device and dtype); classic cell only."""
         if self.cell != "classic":
             raise ValueError("GRU.to_torch: torch.nn.GRU has no implicit cell")
-        return _copy_as(nn.GRU, self)
-
-    def reset_parameters(self) -> None:
-        """``torch.nn.GRU``'s initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
-        bound = 1.0 / math.sqrt(self.hidden_size)
-        for weight in self.parameters():
-            nn.init.uniform_(weight, -bound, bound)
+        return super().to_torch()
 
     @classmethod
     def from_torch(
         cls, module: nn.GRU, *, solver: Union[str, MGRIT, Auto] = "auto", cell: str = "classic"
     ) -> GRU:
         """A copy of a ``torch.nn.GRU`` (same weights, device and dtype)."""
-        if not isinstance(module, nn.GRU):
-            raise TypeError(f"GRU.from_torch: expected a torch.nn.GRU, got {type(module).__name__}")
-        if getattr(module, "proj_size", 0):
-            raise ValueError("GRU.from_torch: proj_size is not supported")
-        return _copy_as(cls, module, solver=solver, cell=cell)
+        return cls._copy_of(module, solver=solver, cell=cell)
 
-    def extra_repr(self) -> str:
-        text = f"{self.input_size}, {self.hidden_size}"
-        if self.num_layers != 1:
-            text += f", num_layers={self.num_layers}"
-        for name, default in (
-            ("bias", True),
-            ("batch_first", False),
-            ("dropout", 0.0),
-            ("bidirectional", False),
-        ):
-            if getattr(self, name) != default:
-                text += f", {name}={getattr(self, name)}"
-        return text + f", cell={self.cell!r}, solver={self.solver}"
+    def _extra_repr_tail(self) -> str:
+        return f", cell={self.cell!r}"
 
-    def _weights(self, layer: int, direction: int) -> list[Optional[Tensor]]:
-        suffix = f"_l{layer}" + ("_reverse" if direction else "")
-        names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
-        return [getattr(self, n + suffix, None) for n in names]
+    def _initial_state(self, hx, batch: Optional[int]) -> Tensor:
+        return self._check_state("h0", hx, batch)
 
-    def _check_input(
-        self, x: Tensor, hx: Optional[Tensor]
-    ) -> tuple[Tensor, Optional[Tensor], bool]:
-        if not isinstance(x, Tensor):
-            raise TypeError(f"GRU: input must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() not in (2, 3):
-            raise ValueError(
-                f"GRU: expected input of 2 (unbatched: T, {self.input_size}) or 3 dimensions "
-                f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
-            )
-        if x.shape[-1] != self.input_size:
-            raise ValueError(
-                f"GRU: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
-            )
-        param = self.weight_ih_l0
-        if not x.is_floating_point():
-            raise TypeError(
-                f"GRU: input must be a floating-point tensor, got {x.dtype}; convert it, e.g. "
-                f"x.to({param.dtype})"
-            )
-        if x.dtype != param.dtype:
-            raise TypeError(
-                f"GRU: input dtype {x.dtype} does not match the parameters' dtype {param.dtype}; "
-                f"convert one of them (e.g. gru.to({x.dtype}))"
-            )
-        if x.device != param.device:
-            raise ValueError(
-                f"GRU: input is on {x.device} but the parameters are on {param.device}"
-            )
-        batched = x.dim() == 3
-        seq_dim = 1 if (batched and self.batch_first) else 0
-        if x.shape[seq_dim] == 0:
-            raise ValueError("GRU: empty sequence (length 0)")
-        if batched and x.shape[1 - seq_dim] == 0:
-            raise ValueError("GRU: empty batch (batch size 0)")
-        if not _all_finite(x):
-            raise ValueError("GRU: input contains NaN or Inf")
-        directions = 2 if self.bidirectional else 1
-        if hx is not None:
-            if not isinstance(hx, Tensor):
-                raise TypeError(f"GRU: h0 must be a torch.Tensor, got {type(hx).__name__}")
-            batch = x.shape[1 - seq_dim] if batched else None
-            expected = (
-                (directions * self.num_layers,)
-                + ((batch,) if batched else ())
-                + (self.hidden_size,)
-            )
-            if tuple(hx.shape) != expected:
-                raise ValueError(f"GRU: expected h0 of shape {expected}, got {tuple(hx.shape)}")
-            if hx.dtype != param.dtype:
-                raise TypeError(
-                    f"GRU: h0 dtype {hx.dtype} does not match the parameters' dtype {param.dtype}"
-                )
-            if hx.device != param.device:
-                raise ValueError(
-                    f"GRU: h0 is on {hx.device} but the parameters are on {param.device}"
-                )
-            if not _all_finite(hx):
-                raise ValueError("GRU: h0 contains NaN or Inf")
-        if not batched:
-            x = x.unsqueeze(1)
-            hx = None if hx is None else hx.unsqueeze(1)
-        elif self.batch_first:
-            x = x.transpose(0, 1)
-        return x, hx, batched
+    def _final_state(self, u_n: Tensor, batched: bool) -> Tensor:
+        return u_n if batched else u_n.squeeze(1)
 
-    def _check_lengths(self, lengths, B: int, batched: bool) -> Optional[Tensor]:
-        if lengths is None:
-            return None
-        if not batched:
-            raise ValueError("GRU: lengths= needs batched input")
-        lengths = torch.as_tensor(lengths)
-        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-            raise TypeError(f"GRU: lengths must be integers, got {lengths.dtype}")
-        if tuple(lengths.shape) != (B,):
-            raise ValueError(f"GRU: lengths must have shape ({B},), got {tuple(lengths.shape)}")
-        return lengths.to("cpu", torch.long)
+    def _unrolled_layer(self, x, h0, weights, solver, record, where, mask):
+        """One layer and direction by :func:`mgrit_gru.gru.unrolled.layer` (autograd records
+        the cycles); its stats go into ``record``."""
+        from .gru import unrolled
 
-    def _time_context(self, steps: int, batch: int, lengths: Optional[Tensor], device):
-        """The time-parallel view of this call (None without ``time_group``); a collective
-        check that the ranks agree on the model, the options and the lengths. The chunk
-        length comes from the global shape (``cfactor="auto"``: the same on every rank)."""
-        if self.time_group is None:
-            if trace.active():  # what a time group's start-up check would exchange
-                trace.message(trace.CHECK, torch.empty(5, dtype=torch.float64))
-            return None
-        from .distributed import TimeContext
-
-        opts = self._mgrit_options()
-        config = f"{opts!r} {self.cell} {self.extra_repr()}"
-        size = self.time_group.size
-        return TimeContext.for_slice(
-            self.time_group,
-            steps,
-            lambda total: opts.resolve(total, batch, self.hidden_size, device.type, size).cfactor,
-            config,
-            self.parameters(),
-            lengths,
-            device,
+        y, h_n, residuals, levels = unrolled.layer(
+            x, h0, *weights, self.cell, solver, where[1], mask
         )
-
-    @_eager_under_compile
-    def forward(
-        self, input, hx: Optional[Tensor] = None, *, lengths: Optional[Tensor] = None
-    ) -> tuple:
-        """``y, h_n = gru(x, h0)`` as ``torch.nn.GRU``; ``x`` may be a ``PackedSequence`` (then
-        ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
-        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero.
-
-        Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
-        the parameters' dtype: a floating input (and h0) of another dtype, such as bf16 from
-        an autocast layer before it, is cast to it, and the outputs come in that dtype.
-
-        In a model compiled with ``torch.compile`` this call runs eagerly (a graph break, as
-        torch.nn.GRU's), the rest of the model compiled. Under ``torch.func`` transforms
-        (``grad``, ``jacrev``, ``vmap``, ...) the layers run as plain autograd code, one
-        serial step after another, which the transforms can see through; MGRIT is not used
-        there, and ``last_stats`` says so."""
-        param = self.weight_ih_l0
-        if _autocast_enabled(param.device.type):
-            with torch.autocast(param.device.type, enabled=False):
-                data = input.data if isinstance(input, PackedSequence) else input
-                if isinstance(data, Tensor) and data.is_floating_point():
-                    input = input.to(param.dtype)
-                if isinstance(hx, Tensor) and hx.is_floating_point():
-                    hx = hx.to(param.dtype)
-                return self._forward(input, hx, lengths)
-        return self._forward(input, hx, lengths)
-
-    def _forward(self, input, hx: Optional[Tensor], lengths: Optional[Tensor]) -> tuple:
-        packed = isinstance(input, PackedSequence)
-        if packed:
-            if self.time_group is not None:
-                raise ValueError(
-                    "GRU: with time_group= pass this rank's padded time slice and the global "
-                    "lengths= (B,), not a PackedSequence"
-                )
-            if lengths is not None:
-                raise ValueError("GRU: pass lengths= or a PackedSequence, not both")
-            sorted_indices, unsorted_indices = input.sorted_indices, input.unsorted_indices
-            batch_sizes = input.batch_sizes
-            input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
-        x, hx, batched = self._check_input(input, hx)
-        T, B = x.shape[:2]
-        lengths = self._check_lengths(lengths, B, batched)
-        tg = self._time_context(T, B, lengths, x.device)
-        t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
-        if lengths is not None and (lengths.min() < 1 or lengths.max() > steps):
-            raise ValueError(
-                f"GRU: lengths must lie in [1, {steps}] (the padded length), got "
-                f"min {int(lengths.min())} max {int(lengths.max())}"
+        record.forward.append(
+            SolveStats(
+                "forward", *where, x.shape[0], levels, solver.budget.forward, tuple(residuals),
+                False, False,
             )
-        # float16 / bfloat16 models solve in float32: the tolerance of MGRIT (1e-5 by default)
-        # lies below their resolution, and a serial sweep in half precision drifts. Parameters,
-        # input and h0 are cast (differentiably), the outputs come back in the model's dtype.
-        dtype = x.dtype
-        if dtype in HALF:
-            x = x.float()
-            hx = None if hx is None else hx.float()
-        mask = None
-        if lengths is not None and int(lengths.min()) < steps:
-            t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
-            mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
-        out, h_n = self._run(x, hx, mask, tg)
-        out, h_n = out.to(dtype), h_n.to(dtype)
-        if packed:
-            order = sorted_indices if sorted_indices is not None else torch.arange(B)
-            data = pack_padded_sequence(
-                out.index_select(1, order.to(out.device)), lengths[order], enforce_sorted=True
-            ).data
-            return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), h_n
-        if not batched:
-            return out.squeeze(1), h_n.squeeze(1)
-        if self.batch_first:
-            out = out.transpose(0, 1)
-        return out, h_n
-
-    def _run(self, x: Tensor, hx: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
-        """All layers and directions. The reverse direction runs over the flipped padded
-        axis: a sequence's padding then comes first, as identity steps (mask 0) that keep h0,
-        so its real steps see the sequence reversed within its length, as in torch.nn.GRU."""
-        directions = 2 if self.bidirectional else 1
-        B = x.shape[1]
-        if hx is None:
-            hx = x.new_zeros(directions * self.num_layers, B, self.hidden_size)
-        solver = self._mgrit_options()
-        if tg is None:
-            solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
-        else:  # the chunk length the ranks' slices are aligned to
-            solver = solver.replace(cfactor=tg.cfactor)
-        if isinstance(self.solver, Auto) and tg is None:
-            control = self._choice  # time-parallel ranks run MGRIT: their meters differ
-        else:
-            control = self._divergence if solver.on_divergence == "backoff" else None
-        record = RunStats()
-        if self.last_stats is not None and _in_backward():
-            # a checkpoint's recomputation (torch.utils.checkpoint): the adjoint solves of this
-            # call (non-reentrant: the first call's ctx; reentrant: this one's) join last_stats
-            record.backward = self.last_stats.backward
-        else:
-            self.last_stats = record
-        transformed = _functorch_active()
-        if transformed and tg is not None:
-            raise ValueError("GRU: torch.func transforms are not supported with time_group=")
-        h_n = []
-        layer_in = x
-        for layer in range(self.num_layers):
-            outs = []
-            for direction in range(directions):
-                weights = self._weights(layer, direction)
-                w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
-                flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
-                x_in, h_in = flip(layer_in), hx[layer * directions + direction]
-                m_in, where = None if mask is None else flip(mask), (layer, bool(direction))
-                if transformed:  # torch.func: plain autograd code the transforms can follow
-                    y, h_last = reference.layer(x_in, h_in, w_ih, w_hh, b_ih, b_hh, self.cell, m_in)
-                    record.forward.append(_transformed_stats(solver, layer, direction, x))
-                elif _unrolled(solver, tg):
-                    y, h_last = unrolled_layer(
-                        x_in, h_in, (w_ih, w_hh, b_ih, b_hh), self.cell, solver, record, where, m_in
-                    )
-                else:
-                    y, h_last = gru_layer(
-                        x_in, h_in, w_ih, w_hh, b_ih, b_hh, self.cell, solver, record, where,
-                        m_in, tg, control,
-                    )  # fmt: skip
-                outs.append(flip(y))
-                h_n.append(h_last)
-            layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
-            if mask is not None:
-                layer_out = layer_out * mask.unsqueeze(-1)  # padded outputs are zero
-            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
-                layer_out = F.dropout(layer_out, self.dropout, training=True)
-            layer_in = layer_out
-        return layer_in, torch.stack(h_n)
-
-
-HALF = (torch.float16, torch.bfloat16)
-TRANSFORMED = "a torch.func transform: the layer ran as plain autograd code"
-
-
-def _functorch_active() -> bool:
-    """Whether a torch.func transform (grad, vjp, jacrev, vmap, ...) is running this call."""
-    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-    return peek is not None and peek() is not None
-
-
-def _transformed_stats(solver: MGRIT, layer: int, direction: int, x: Tensor) -> SolveStats:
-    """The record of a layer solved serially under a torch.func transform."""
-    mgrit = not solver.is_serial
-    return SolveStats(
-        "forward", layer, bool(direction), x.shape[0], 1, 0, (), True, mgrit, mgrit,
-        reason=TRANSFORMED if mgrit else None,
-    )  # fmt: skip
-
-
-def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
-    """A ``kind`` (torch.nn.GRU or GRU) with ``module``'s architecture, device, dtype and
-    weights. The original warned about its dropout already: the copy is made quietly."""
-    weight = module.weight_ih_l0
-    arch = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        new = kind(
-            *(getattr(module, name) for name in arch),
-            module.bidirectional,
-            device=weight.device,
-            dtype=weight.dtype,
-            **extra,
-        )
-    new.load_state_dict(module.state_dict())
-    return new
-
-
-def _unrolled(solver: MGRIT, tg) -> bool:
-    """Whether this call differentiates through a budget's cycles."""
-    budget = solver.budget
-    if budget is None or budget.gradient != "unrolled" or not torch.is_grad_enabled():
-        return False
-    if tg is not None:
-        raise ValueError(
-            "GRU: Budget(gradient='unrolled') runs in one process; with time_group= use "
-            "gradient='adjoint'"
-        )
-    return not solver.is_serial
-
-
-def unrolled_layer(x, h0, weights, cell, solver, record, where, mask):
-    """One layer and direction by :func:`mgrit_gru.gru.unrolled.layer` (autograd records the
-    cycles); its stats go into ``record``."""
-    from .gru import unrolled
-    from .stats import SolveStats
-
-    y, h_n, residuals, levels = unrolled.layer(x, h0, *weights, cell, solver, where[1], mask)
-    record.forward.append(
-        SolveStats(
-            "forward", *where, x.shape[0], levels, solver.budget.forward, tuple(residuals),
-            False, False,
-        )
-    )  # fmt: skip
-    return y, h_n
-
-
-def _in_backward() -> bool:
-    """Whether autograd is running a backward pass now (a forward called here is a
-    checkpoint's recomputation)."""
-    task = getattr(torch._C, "_current_graph_task_id", None)
-    return task is not None and task() != -1
-
-
-def _all_finite(t: Tensor) -> bool:
-    """No NaN or Inf in ``t``. One NaN or Inf makes the sum NaN or Inf, so a finite sum proves
-    there is none: one reduction (0.1 ms for 2M floats here, where ``isfinite(t).all()`` took
-    5 ms). A sum that overflowed from finite values falls to the exact check."""
-    if _functorch_active():  # vmap cannot branch on values; NaN then propagates as in torch
-        return True
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
-
-
-def _autocast_enabled(device_type: str) -> bool:
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == "cpu":
-            return torch.is_autocast_cpu_enabled()
-        return torch.is_autocast_enabled()
+        )  # fmt: skip
+        return y, h_n

@@ -253,7 +253,7 @@ def test_frozen_gate_chunk_map_is_the_composition_of_its_steps():
     for name, dt in (("classic", None), ("implicit", torch.rand(m * n, B) * 3)):
         kept = torch.empty(m * n, B, cell.KEPT * H)
         factors = torch.empty(m * n, B, H)
-        op = ForwardStep(grid, gx, w_hh, b_hn, name, dt, kept, factors)
+        op = ForwardStep(grid, gx, w_hh, b_hn, cell.GRUCell(name), dt, kept, factors)
         u = torch.empty(m + 1, n, B, H)
         u[0] = torch.randn(n, B, H) * 0.5
         for j in range(m):

@@ -13,7 +13,7 @@ def _setup(rows=5, I=3, H=4, seed=0):
     ref = torch.nn.LSTMCell(I, H)
     x = torch.randn(rows, I)
     h, c = torch.randn(rows, H), torch.randn(rows, H)
-    gx = x @ ref.weight_ih.t() + cell.fold_bias(ref.bias_ih, ref.bias_hh)
+    gx = (x @ ref.weight_ih.t() + cell.fold_bias(ref.bias_ih, ref.bias_hh)).detach()
     return ref, x, h, c, gx
 
 
@@ -39,21 +39,62 @@ def test_adjoint_step_and_gate_grads_equal_autograd():
     lam = torch.randn(u.shape)
     new = cell.step(u, gx, ref.weight_hh.detach())
     du, dgx = torch.autograd.grad(new, (u, gx), lam)
-    coeffs = cell.linearise(u.detach(), gx.detach(), ref.weight_hh.detach())
-    assert coeffs.shape[-1] == cell.COEFFS * H
-    got = cell.adjoint_step(lam, coeffs, ref.weight_hh.detach())
+    lin = cell.linearise(u.detach(), gx.detach(), ref.weight_hh.detach())
+    assert lin.C.shape[-1] == cell.COEFFS * H and lin.D.shape == u.shape
+    assert torch.equal(lin.D[:, :H], torch.zeros(5, H))  # frozen gates: h' carries no h
+    got = cell.adjoint_step(lam, lin.D, lin.C, ref.weight_hh.detach())
     assert (got - du).abs().max() < 1e-13
-    assert (cell.gate_grads(lam, coeffs) - dgx).abs().max() < 1e-13
+    assert (cell.gate_grads(lam, lin.C) - dgx).abs().max() < 1e-13
+    out = torch.empty_like(lam)
+    cell.adjoint_step(lam, lin.D, lin.C, ref.weight_hh.detach(), out=out)
+    assert torch.equal(out, got)
+
+
+def test_kept_gates_give_the_same_coefficients():
+    ref, x, h, c, gx = _setup()
+    u = torch.cat([h, c], -1)
+    keep = torch.empty(5, cell.KEPT * h.shape[1])
+    factor = torch.empty(u.shape)
+    cell.step(u, gx, ref.weight_hh.detach(), keep=keep, factor=factor)
+    a, b = cell.linearise(u, gx, ref.weight_hh.detach()), cell.linearise_kept(u, keep)
+    assert (a.C - b.C).abs().max() < 1e-15 and torch.equal(a.D, b.D)
+    assert torch.equal(factor, a.D)  # the forward's frozen-gate factor is the adjoint's D
+
+
+def test_frozen_gate_map_is_the_step_with_its_gates_held():
+    """With the gates of a step held, a change d of [h, c] maps to factor * d exactly."""
+    ref, x, h, c, gx = _setup()
+    H = h.shape[1]
+    u = torch.cat([h, c], -1)
+    keep, factor = torch.empty(5, 4 * H), torch.empty(u.shape)
+    new = cell.step(u, gx, ref.weight_hh.detach(), keep=keep, factor=factor)
+    i, f, g, o = keep.split(H, dim=-1)
+    d = torch.randn(u.shape)
+    c2 = f * (c + d[:, H:]) + i * g
+    held = torch.cat([o * torch.tanh(c2), c2], -1)
+    # c' is affine in c with factor f; h' depends on c' alone (no h): linear in c to first order
+    assert (held[:, H:] - (new[:, H:] + factor[:, H:] * d[:, H:])).abs().max() < 1e-14
 
 
 def test_identity_steps_pass_the_adjoint_through():
     ref, x, h, c, gx = _setup()
     u = torch.cat([h, c], -1)
     dt = torch.tensor([[1.0], [0.0], [1.0], [0.0], [0.0]])
-    coeffs = cell.linearise(u, gx, ref.weight_hh.detach(), dt)
+    lin = cell.linearise(u, gx, ref.weight_hh.detach(), dt)
     lam = torch.randn(u.shape)
-    got = cell.adjoint_step(lam, coeffs, ref.weight_hh.detach(), dt)
+    got = cell.adjoint_step(lam, lin.D, lin.C, ref.weight_hh.detach())
     ut = u.clone().requires_grad_()
     (du,) = torch.autograd.grad(cell.step(ut, gx, ref.weight_hh.detach(), dt=dt), ut, lam)
     assert (got - du).abs().max() < 1e-13
     assert torch.equal(got[1], lam[1])
+
+
+def test_reference_layer_equals_torch_lstm():
+    torch.manual_seed(1)
+    ref = torch.nn.LSTM(3, 4)
+    x, h0, c0 = torch.randn(7, 2, 3), torch.randn(1, 2, 4), torch.randn(1, 2, 4)
+    y_ref, (h_ref, c_ref) = ref(x, (h0, c0))
+    w = [ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0, ref.bias_hh_l0]
+    states, u_n = cell.reference_layer(x, torch.cat([h0[0], c0[0]], -1), *w)
+    assert (states[..., :4] - y_ref).abs().max() < 1e-14
+    assert (u_n - torch.cat([h_ref[0], c_ref[0]], -1)).abs().max() < 1e-14

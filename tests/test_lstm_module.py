@@ -64,29 +64,182 @@ def test_lstm_unbatched_and_defaults():
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda: mgrit_gru.LSTM(3, 4, proj_size=2), "proj_size is not supported yet"),
-        (lambda: mgrit_gru.LSTM(3, 4, solver="auto"), "choose 'serial' or mgrit_gru.MGRIT"),
-        (lambda: mgrit_gru.LSTM(3, 0), "hidden_size must be a positive int"),
+        (lambda: mgrit_gru.LSTM(3, 4, proj_size=2), "proj_size=2 is not supported"),
+        (lambda: mgrit_gru.LSTM(3, 0), "hidden_size must be a positive integer"),
+        (lambda: mgrit_gru.LSTM(3, 4, dropout=2.0), "dropout must be a number in"),
+        (lambda: mgrit_gru.LSTM(3, 4, solver="fast"), "solver"),
         (
-            lambda: mgrit_gru.LSTM(3, 4, solver=mgrit_gru.MGRIT(budget=mgrit_gru.Budget())),
-            "Budget is not supported yet",
+            lambda: mgrit_gru.LSTM(3, 4, solver=mgrit_gru.MGRIT(coarse="implicit")),
+            "steps coarse levels with the implicit GRU",
         ),
+        (
+            lambda: mgrit_gru.LSTM(3, 4, solver=mgrit_gru.Auto(mgrit_gru.MGRIT(coarse="implicit"))),
+            "LSTM has no analogue",
+        ),
+        (lambda: mgrit_gru.LSTM.from_torch(torch.nn.GRU(3, 4)), "expected a torch.nn.LSTM"),
+        (lambda: mgrit_gru.LSTM.from_torch(torch.nn.LSTM(3, 4, proj_size=2)), "proj_size"),
     ],
 )
 def test_lstm_bad_construction(make, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, TypeError), match=message):
         make()
 
 
 def test_lstm_bad_calls():
     lstm = mgrit_gru.LSTM(3, 4)
-    with pytest.raises(ValueError, match="input has 2 features, expected 3"):
+    x = torch.randn(10, 2, 3)
+    with pytest.raises(ValueError, match="input.size\\(-1\\) must equal input_size=3, got 2"):
         lstm(torch.randn(10, 2, 2))
-    with pytest.raises(ValueError, match=r"h0 must have shape \(1, 2, 4\)"):
-        lstm(torch.randn(10, 2, 3), (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))
-    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 3), [5, 3])
-    with pytest.raises(TypeError, match="PackedSequence is not supported yet"):
-        lstm(packed)
+    with pytest.raises(ValueError, match=r"expected h0 of shape \(1, 2, 4\), got \(1, 3, 4\)"):
+        lstm(x, (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))
+    with pytest.raises(ValueError, match=r"expected c0 of shape \(1, 2, 4\), got \(2, 2, 4\)"):
+        lstm(x, (torch.zeros(1, 2, 4), torch.zeros(2, 2, 4)))
+    with pytest.raises(TypeError, match=r"hx must be a pair \(h0, c0\) of tensors, got Tensor"):
+        lstm(x, torch.zeros(1, 2, 4))
+    with pytest.raises(TypeError, match="c0 must be a torch.Tensor"):
+        lstm(x, (torch.zeros(1, 2, 4), None))
+    with pytest.raises(ValueError, match="c0 contains NaN or Inf"):
+        lstm(x, (torch.zeros(1, 2, 4), torch.full((1, 2, 4), float("nan"))))
+    with pytest.raises(TypeError, match="c0 dtype torch.float32 does not match"):
+        lstm(x, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, dtype=torch.float32)))
+    with pytest.raises(ValueError, match="LSTM: lengths must lie in"):
+        lstm(x, lengths=torch.tensor([11, 3]))
+    budget = mgrit_gru.MGRIT(budget=mgrit_gru.Budget(gradient="unrolled"))
+    with pytest.raises(ValueError, match="is available for the GRU only"):
+        mgrit_gru.LSTM(3, 4, solver=budget)(x)
+
+
+def _packed_run(module, packed, h0, c0, wy, wh, wc):
+    """Outputs and every gradient of a packed call: the packed data, h_n, c_n."""
+    data = packed.data.detach().clone().requires_grad_()
+    packed = torch.nn.utils.rnn.PackedSequence(
+        data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+    )
+    h0 = h0.detach().clone().requires_grad_()
+    c0 = c0.detach().clone().requires_grad_()
+    y, (hn, cn) = module(packed, (h0, c0))
+    ((y.data * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
+    grads = [data.grad, h0.grad, c0.grad] + [p.grad for p in module.parameters()]
+    return [y.data.detach(), hn.detach(), cn.detach()] + grads
+
+
+@pytest.mark.filterwarnings("error::mgrit_gru.ConvergenceWarning")  # MGRIT itself converged
+@pytest.mark.parametrize(
+    "solver,layers,bidirectional,batch_first",
+    [
+        ("mgrit", 2, True, False),
+        ("frozen", 1, True, True),
+        ("auto", 2, False, False),
+        ("serial", 1, True, False),
+    ],
+)
+def test_packed_lstm_equals_torch(solver, layers, bidirectional, batch_first):
+    """A PackedSequence of unsorted lengths (prime maximum) through every solver: the packed
+    output, h_n, c_n and every gradient equal torch.nn.LSTM's in float64."""
+    torch.manual_seed(2)
+    ref = torch.nn.LSTM(3, 4, layers, batch_first=batch_first, bidirectional=bidirectional)
+    opts = {
+        "mgrit": mgrit_gru.MGRIT(cfactor=4, tol=1e-12),
+        "frozen": mgrit_gru.MGRIT(cfactor=3, coarse="frozen", tol=1e-12),
+        "auto": "auto",
+        "serial": "serial",
+    }[solver]
+    ours = mgrit_gru.LSTM.from_torch(ref, solver=opts)
+    lengths = torch.tensor([53, 89, 1, 70, 89])
+    T, B, D = 89, 5, 2 if bidirectional else 1
+    x = torch.randn(B, T, 3) if batch_first else torch.randn(T, B, 3)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        x, lengths, batch_first=batch_first, enforce_sorted=False
+    )
+    h0, c0 = torch.randn(D * layers, B, 4), torch.randn(D * layers, B, 4)
+    wy = torch.randn(packed.data.shape[0], D * 4)
+    wh, wc = torch.randn(D * layers, B, 4), torch.randn(D * layers, B, 4)
+    got = _packed_run(ours, packed, h0, c0, wy, wh, wc)
+    want = _packed_run(ref, packed, h0, c0, wy, wh, wc)
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() < 1e-8
+    if solver in ("mgrit", "frozen"):
+        assert any(s.levels > 1 and s.iterations > 0 for s in ours.last_stats.forward)
+    # padded with lengths= gives the same h_n, c_n and zero outputs past each length
+    y, (hn, cn) = ours(x, (h0, c0), lengths=lengths)
+    assert (hn - got[1]).abs().max() < 1e-8 and (cn - got[2]).abs().max() < 1e-8
+    seq = y.transpose(0, 1) if not batch_first else y
+    assert seq[0, 53:].abs().max() == 0 and seq[2, 1:].abs().max() == 0
+
+
+def test_lstm_keeps_gates_and_recomputes_alike():
+    """keep_gates (the backward linearises from the forward's gates, wide MGRIT steps) and
+    its absence give the same outputs and gradients."""
+    torch.manual_seed(3)
+    ref = torch.nn.LSTM(3, 4)
+    x = torch.randn(600, 3, 3)
+    results = []
+    for keep in (True, False):
+        opts = mgrit_gru.MGRIT(cfactor=8, tol=1e-12, keep_gates=keep)
+        ours = mgrit_gru.LSTM.from_torch(ref, solver=opts)
+        leaf = x.clone().requires_grad_()
+        y, (h, c) = ours(leaf)
+        (y.sum() + c.sum()).backward()
+        results.append([y, leaf.grad] + [p.grad for p in ours.parameters()])
+    for a, b in zip(*results):
+        assert (a - b).abs().max() < 1e-10
+
+
+def test_lstm_budget_and_auto_report_what_they_ran():
+    """A fixed budget runs its cycles and reports them; the automatic choice reports its
+    choice; both stay close to torch.nn.LSTM (float64, trained-like random weights)."""
+    torch.manual_seed(4)
+    ref = torch.nn.LSTM(3, 8)
+    x = torch.randn(512, 2, 3)
+    y_ref, _ = ref(x)
+    budget = mgrit_gru.MGRIT(cfactor=8, budget=mgrit_gru.Budget(forward=2, backward=1))
+    ours = mgrit_gru.LSTM.from_torch(ref, solver=budget)
+    y, _ = ours(x)
+    y.sum().backward()
+    fwd = ours.last_stats.forward[0]
+    assert fwd.iterations == 2 and fwd.levels > 1 and not fwd.fell_back
+    assert ours.last_stats.backward[0].iterations == 1
+    assert (y - y_ref).abs().max() < 1e-2
+    auto = mgrit_gru.LSTM.from_torch(ref)  # solver="auto"
+    y, _ = auto(x)
+    assert (y - y_ref).abs().max() < 1e-10
+    assert auto.last_stats.forward[0].serial_cost > 0
+
+
+def test_lstm_double_backward_and_func_transforms():
+    """create_graph=True (a gradient penalty) and torch.func.grad run the reference
+    recurrence: equal to torch.nn.LSTM's."""
+    torch.manual_seed(5)
+    ref = torch.nn.LSTM(2, 3)
+    ours = mgrit_gru.LSTM.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=4, tol=1e-12))
+    x = torch.randn(30, 2, 2)
+    grads = []
+    for module in (ours, ref):
+        leaf = x.clone().requires_grad_()
+        y, _ = module(leaf)
+        (g,) = torch.autograd.grad(y.pow(2).sum(), leaf, create_graph=True)
+        (gg,) = torch.autograd.grad(g.pow(2).sum(), leaf)
+        grads.append((g.detach(), gg))
+    assert (grads[0][0] - grads[1][0]).abs().max() < 1e-10
+    assert (grads[0][1] - grads[1][1]).abs().max() < 1e-10
+    params = dict(ours.named_parameters())
+    loss = lambda p: torch.func.functional_call(ours, p, (x,))[0].sum()  # noqa: E731
+    got = torch.func.grad(loss)(params)
+    y_ref, _ = ref(x)
+    want = torch.autograd.grad(y_ref.sum(), list(ref.parameters()))
+    for a, b in zip(got.values(), want):
+        assert (a - b).abs().max() < 1e-10
+
+
+def test_lstm_flatten_all_weights_repr():
+    lstm = mgrit_gru.LSTM(3, 4, 2, bidirectional=True)
+    lstm.flatten_parameters()
+    assert [len(w) for w in lstm.all_weights] == [4, 4, 4, 4]
+    assert lstm.all_weights[1][0] is lstm.weight_ih_l0_reverse
+    assert "LSTM(3, 4, num_layers=2, bidirectional=True, solver=" in repr(lstm)
+    ref = torch.nn.LSTM(3, 4, 2, bidirectional=True)
+    lstm.load_state_dict(ref.state_dict())  # torch's keys load as they are
+    assert torch.equal(lstm.weight_hh_l1_reverse, ref.weight_hh_l1_reverse)
 
 
 @pytest.mark.filterwarnings("error::mgrit_gru.ConvergenceWarning")

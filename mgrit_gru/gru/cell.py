@@ -219,3 +219,85 @@ def gate_grads(
     d_gx[..., : 2 * H] = d_gh[..., : 2 * H]
     torch.mul(A_n, lam_next, out=d_gx[..., 2 * H :])
     return out
+
+
+def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
+    """All points ``(T + 1, B, H)`` of the serial forward by ``torch._VF.gru`` (the kernel of
+    ``torch.nn.GRU``), point 0 being h0; None where cuDNN refuses the shape."""
+    params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
+    try:
+        y, _ = torch._VF.gru(
+            x, h0.unsqueeze(0), params, b_ih is not None, 1, 0.0, False, False, False
+        )
+    except RuntimeError as exc:
+        # cuDNN refuses some shapes outright (on an H200 with cuDNN 9.19: T = 65536, where
+        # torch.nn.GRU fails too); the library's own loop solves them instead
+        if "CUDNN_STATUS" in str(exc):
+            return None
+        raise
+    points = x.new_empty((T + 1, B, H))
+    points[0] = h0
+    points[1:] = y
+    return points
+
+
+class GRUCell:
+    """The GRU as a :class:`mgrit_gru.layer.cell.Cell` for the layer solve: ``kind``
+    ``"classic"`` (torch.nn.GRU) or ``"implicit"`` (Moon & Cyr's implicit step, which also
+    steps the Implicit coarse levels of either)."""
+
+    name = "gru"
+    gates, state, kept, coeffs, extra = 3, 1, KEPT, 3, 1
+
+    def __init__(self, kind: str = "classic") -> None:
+        if kind not in CELLS:
+            raise ValueError(f"GRU: unknown cell={kind!r}; choose one of {CELLS}")
+        self.kind = kind
+        self.fused = kind == "classic"  # torch's loop is the classic GRU
+
+    def __repr__(self) -> str:
+        return f"GRUCell({self.kind!r})"
+
+    @property
+    def implicit(self) -> GRUCell:
+        return GRUCell("implicit")
+
+    def fold_bias(self, b_ih, b_hh, H: int):
+        return fold_bias(b_ih, b_hh, H)
+
+    def recurrent_bias(self, b_hh, H: int):
+        return None if b_hh is None else b_hh[2 * H :]
+
+    def step(self, u, gx, w_hh, rb, dt=None, out=None, keep=None, factor=None) -> Tensor:
+        return step(u, gx, w_hh, rb, self.kind, dt, out=out, keep=keep, factor=factor)
+
+    def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None):
+        from ..layer.cell import Linearisation as Lin
+
+        return Lin(*linearise(u, gx, w_hh, rb, self.kind, dt, out_C))
+
+    def linearise_kept(self, u, kept, dt=None, out_C=None):
+        from ..layer.cell import Linearisation as Lin
+
+        return Lin(*linearise_kept(u, kept, self.kind, dt, out_C))
+
+    def adjoint_step(self, lam, D, C, w_hh, out=None) -> Tensor:
+        return adjoint_step(lam, D, C, w_hh, out)
+
+    def gate_grads(self, lam_next, C, extra, out=None) -> GateGrads:
+        return gate_grads(lam_next, C, extra, None if out is None else GateGrads(*out))
+
+    def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
+        return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
+
+    def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
+        from . import reference
+
+        return reference.layer(x, u0, w_ih, w_hh, b_ih, b_hh, self.kind, mask)
+
+    def state_clamp(self, u0: Tensor):
+        """A GRU step is a convex combination of its state and a tanh in (-1, 1), so every
+        state lies within ``max(1, |h0|)``."""
+        bound = max(1.0, u0.abs().max().item())
+        return lambda states: states.clamp_(-bound, bound)

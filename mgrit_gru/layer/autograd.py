@@ -1,4 +1,4 @@
-"""One autograd.Function per GRU layer and direction: forward solve + adjoint solve."""
+"""One autograd.Function per layer and direction of any cell: forward solve + adjoint solve."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ from torch import Tensor
 
 from .. import trace, workspace
 from ..core.cycle import LocalComm
-from ..gru import cell as gru
-from ..gru import reference
 from ..options import MGRIT
 from ..stats import RunStats, SolveStats
 from .solve import adjoint_solve, forward_solve
 
 
-class GRULayerFunction(torch.autograd.Function):
-    """``y, h_n = layer(x, h0)`` for x ``(T, B, I)``, h0 ``(B, H)``; y ``(T, B, H)``.
+class LayerFunction(torch.autograd.Function):
+    """``u, u_n = layer(x, u0)`` for x ``(T, B, I)``, u0 ``(B, S)`` (the cell's state, ``S =
+    cell.state * H``; the GRU's h, the LSTM's [h, c]); u ``(T, B, S)``.
 
-    ``y`` holds the state after every step (past a sequence's length: its final state; the
-    module zeroes those outputs)."""
+    ``u`` holds the state after every step (past a sequence's length: its final state; the
+    module takes the outputs h from it and zeroes those past the length)."""
 
     @staticmethod
     def forward(
@@ -31,7 +30,7 @@ class GRULayerFunction(torch.autograd.Function):
         w_hh,
         b_ih,
         b_hh,
-        cell: str,
+        cell,
         options: MGRIT,
         record: RunStats,
         where: tuple[int, bool],
@@ -90,17 +89,17 @@ class GRULayerFunction(torch.autograd.Function):
         d_b_hh = w_hh.new_zeros(w_hh.shape[0])
         # Everything below is parallel over time: per block, the gate gradients of all its
         # steps, then GEMMs over its rows.
-        with trace.bulk("gradients", T * B, w_hh.shape[1], x):
-            for k0, k1, lam, C, A_n in adj.blocks(T, B):
-                out = [
-                    workspace.buffer(f"bwd.block {name}", C.shape, C) for name in ("d_gx", "d_gh")
-                ]
-                g = gru.gate_grads(lam, C, A_n, gru.GateGrads(*out))
-                d_gx, d_gh = g.d_gx.view(-1, g.d_gx.shape[-1]), g.d_gh.view(-1, g.d_gh.shape[-1])
+        H, cell = w_hh.shape[1], ctx.cell
+        with trace.bulk("gradients", T * B, H, x):
+            for k0, k1, lam, C, extra in adj.blocks(T, B):
+                shape = (*C.shape[:-1], w_hh.shape[0])
+                out = [workspace.buffer(f"bwd.block {name}", shape, C) for name in ("d_gx", "d_gh")]
+                d_gx, d_gh = cell.gate_grads(lam, C, extra, out)
+                d_gx, d_gh = d_gx.reshape(-1, d_gx.shape[-1]), d_gh.reshape(-1, d_gh.shape[-1])
                 if d_x is not None:
                     torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
                 d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
-                d_w_hh.addmm_(d_gh.t(), points[k0:k1].reshape(-1, w_hh.shape[1]))
+                d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
                 d_b_ih += d_gx.sum(0)
                 d_b_hh += d_gh.sum(0)
         d_h0 = adj.lam_rev[T].clone()
@@ -120,13 +119,13 @@ class GRULayerFunction(torch.autograd.Function):
 
 
 def _differentiable_backward(ctx, d_y, d_hn):
-    """The vector-Jacobian product by autograd through the serial recurrence
-    (:mod:`mgrit_gru.gru.reference`), recorded so that it can be differentiated again: the
-    gradient of the serial GRU, which MGRIT's forward matches within its tolerance."""
+    """The vector-Jacobian product by autograd through the serial recurrence (the cell's
+    reference layer), recorded so that it can be differentiated again: the gradient of the
+    serial layer, which MGRIT's forward matches within its tolerance."""
     if ctx.tg is not None:
         raise RuntimeError(
-            "mgrit_gru.GRU: double backward (create_graph=True) is not supported with "
-            "time_group=; run the layer without a time group for gradient penalties"
+            f"mgrit_gru.{ctx.cell.name.upper()}: double backward (create_graph=True) is not "
+            "supported with time_group=; run the layer without a time group for gradient penalties"
         )
     x, h0, w_ih, w_hh, b_ih, b_hh, _, mask = ctx.saved_tensors
     ctx.hier.release_kept()
@@ -135,7 +134,7 @@ def _differentiable_backward(ctx, d_y, d_hn):
     wrt = [t for t, n in zip(inputs, need) if n]
     grads = iter(())
     if wrt:
-        y, h_n = reference.layer(x, h0, w_ih, w_hh, b_ih, b_hh, ctx.cell, mask)
+        y, h_n = ctx.cell.reference_layer(x, h0, w_ih, w_hh, b_ih, b_hh, mask)
         grads = iter(
             torch.autograd.grad((y, h_n), wrt, (d_y, d_hn), create_graph=True, allow_unused=True)
         )
@@ -146,7 +145,7 @@ def _differentiable_backward(ctx, d_y, d_hn):
     return (*out, *(None,) * 8)
 
 
-def gru_layer(
+def solve_layer(
     x,
     h0,
     w_ih,
@@ -161,12 +160,13 @@ def gru_layer(
     tg=None,
     control=None,
 ):
-    """One layer and direction. ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0
-    (the state stays fixed there, so ``h_n`` is each sequence's state at its own end).
-    ``control``: the module's :class:`mgrit_gru.layer.control.AutoChoice` (``solver="auto"``)
-    or :class:`~mgrit_gru.layer.control.DivergenceMemory` (``on_divergence="backoff"``), or
+    """One layer and direction of ``cell`` (a :class:`mgrit_gru.layer.cell.Cell`).
+    ``mask`` ``(T, B)``: 1 up to each sequence's length, then 0 (the state stays fixed there,
+    so the last state is each sequence's state at its own end). ``control``: the module's
+    :class:`mgrit_gru.layer.control.AutoChoice` (``solver="auto"``) or
+    :class:`~mgrit_gru.layer.control.DivergenceMemory` (``on_divergence="backoff"``), or
     None."""
     keep = options.keep_gates and torch.is_grad_enabled()  # else no backward reads them
-    return GRULayerFunction.apply(
+    return LayerFunction.apply(
         x, h0, w_ih, w_hh, b_ih, b_hh, cell, options, record, where, mask, tg, keep, control
     )

@@ -44,9 +44,9 @@ from ..core import (
 from ..core.coarse import DiagonalStep, SecantStep
 from ..core.cycle import LocalComm, ProgressGuard
 from ..core.stopping import StopTest
-from ..gru import cell as gru
 from ..options import MGRIT, Implicit, Secant, Stopping
 from ..stats import SolveStats
+from .cell import Cell
 from .control import DivergenceError, DivergenceWarning, solve_guarded, warn_tol_raised
 
 __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_solve"]
@@ -55,28 +55,28 @@ __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_sol
 # never run inside one another): the forward's input gates and the adjoint's coefficients C
 # (both 3H per step), the level-0 states of either solve in chunk layout. The backward's
 # other buffers have their own names.
-WIDE, CHUNKS = "gates 3H", "level-0 chunks"
+WIDE, CHUNKS = "gates", "level-0 chunks"
 
 
 class ForwardStep:
-    """Propagator of a forward level: GRU steps with gates ``(M, B, 3H)`` and sizes ``dt``.
-    ``factors`` ``(M, B, H)``: where each step leaves its diagonal factor, for
+    """Propagator of a forward level: the cell's steps with input gates ``(M, B, gates * H)``
+    and sizes ``dt``. ``factors`` ``(M, B, S)``: where each step leaves its diagonal factor, for
     :meth:`chunk_factors`; ``meter``: a :class:`mgrit_gru.cost.Meter` the steps report to."""
 
     level = 0  # its MGRIT level (-1: a serial sweep), set by the cycle: for traces
 
-    def __init__(self, grid, gates, w_hh, b_hn, cell, dt=None, keep=None, factors=None, meter=None):
-        self.gx = chunk_view(gates, grid)  # computed with gru.fold_bias
+    def __init__(self, grid, gates, w_hh, rb, cell, dt=None, keep=None, factors=None, meter=None):
+        self.gx = chunk_view(gates, grid)  # computed with the cell's fold_bias
         self.factors = None if factors is None else chunk_view(factors, grid)
         self.meter = meter
-        # keep (M, B, 4H): where every step leaves its gates for the backward (level 0);
+        # keep (M, B, kept * H): where every step leaves its gates for the backward (level 0);
         # the cycle turns `recording` off for sweeps that a later one overwrites
         self.keep = None if keep is None else chunk_view(keep, grid)
         self.recording = keep is not None
         self.dt = None
         if dt is not None:  # (M,) per step, or (M, B) per step and sequence: -> (m, n, ., 1)
             self.dt = chunk_view(dt, grid).reshape(grid.m, grid.n, -1, 1)
-        self.w_hh, self.b_hn, self.cell = w_hh, b_hn, cell
+        self.w_hh, self.rb, self.cell = w_hh, rb, cell
         # Level 0 carries no dt: its padding, steps [lo, hi) of chunk c, is kept as identity.
         self.pad = None
         if dt is None and grid.M > grid.N:
@@ -92,9 +92,7 @@ class ForwardStep:
         factor = None
         if self.factors is not None:
             factor = self.factors if j is None else self.factors[j]
-        res = gru.step(
-            u, gx, self.w_hh, self.b_hn, self.cell, dt, out=out, keep=keep, factor=factor
-        )
+        res = self.cell.step(u, gx, self.w_hh, self.rb, dt, out=out, keep=keep, factor=factor)
         if self.meter is not None:
             self.meter.add("step", u.numel() // u.shape[-1], level=self.level)
         if self.pad is not None:
@@ -108,17 +106,19 @@ class ForwardStep:
         return res
 
     def chunk_factors(self) -> Tensor:
-        """Per chunk ``(n, B, H)``: the product of its steps' factors along the last sweep."""
+        """Per chunk ``(n, B, S)``: the product of its steps' factors along the last sweep."""
         return self.factors.prod(0)
 
 
 class AdjointStep:
-    """Propagator of an adjoint level: ``lam -> D * lam + (C * lam3) @ W_hh``."""
+    """Propagator of an adjoint level: ``lam -> J^T lam``, the cell's adjoint step with
+    coefficients ``D`` and ``C`` (GRU: ``D * lam + (C * lam3) @ W_hh``)."""
 
     level = 0  # as ForwardStep's
 
-    def __init__(self, grid, D, C, w_hh, meter=None):
+    def __init__(self, grid, D, C, w_hh, cell, meter=None):
         self.D, self.C, self.w_hh = chunk_view(D, grid), chunk_view(C, grid), w_hh
+        self.cell = cell
         self.meter = meter
         self._factors: Optional[Tensor] = None
 
@@ -126,11 +126,11 @@ class AdjointStep:
         if self.meter is not None:
             self.meter.add("adjoint", u.numel() // u.shape[-1], level=self.level)
         if j is None:
-            return gru.adjoint_step(u, self.D, self.C, self.w_hh, out)
-        return gru.adjoint_step(u, self.D[j], self.C[j], self.w_hh, out)
+            return self.cell.adjoint_step(u, self.D, self.C, self.w_hh, out)
+        return self.cell.adjoint_step(u, self.D[j], self.C[j], self.w_hh, out)
 
     def chunk_factors(self) -> Tensor:
-        """Per chunk ``(n, B, H)``: the product of ``D`` (the frozen-gate part of ``J^T``)."""
+        """Per chunk ``(n, B, S)``: the product of ``D`` (the frozen-gate part of ``J^T``)."""
         if self._factors is None:  # a linear recurrence: the same in every cycle
             self._factors = self.D.prod(0)
         return self._factors
@@ -284,10 +284,11 @@ def _worth_keeping(grids: list[Grid], batch: int, steps: int) -> bool:
 FUSED_MAX = 4096
 
 
-def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg) -> bool:
-    """Whether the serial forward of this layer runs torch's own loop: its CPU loop below
-    FUSED_MAX = batch x hidden, cuDNN on CUDA always (no Python loop competes with it)."""
-    if cell != "classic" or mask is not None or tg is not None:
+def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell: Cell, mask, tg) -> bool:
+    """Whether the serial forward of this layer runs torch's own loop (where the cell has
+    one): its CPU loop below FUSED_MAX = batch x hidden, cuDNN on CUDA always (no Python
+    loop competes with it)."""
+    if not cell.fused or mask is not None or tg is not None:
         return False
     if (b_ih is None) != (b_hh is None):
         return False
@@ -296,28 +297,7 @@ def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg) -> bool:
     return x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
 
 
-def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
-    """All points ``(T + 1, B, H)`` of the serial forward by ``torch._VF.gru`` (the kernel of
-    ``torch.nn.GRU``), point 0 being h0; None where cuDNN refuses the shape."""
-    params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
-    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
-    try:
-        y, _ = torch._VF.gru(
-            x, h0.unsqueeze(0), params, b_ih is not None, 1, 0.0, False, False, False
-        )
-    except RuntimeError as exc:
-        # cuDNN refuses some shapes outright (on an H200 with cuDNN 9.19: T = 65536, where
-        # torch.nn.GRU fails too); the library's own loop solves them instead
-        if "CUDNN_STATUS" in str(exc):
-            return None
-        raise
-    points = x.new_empty((T + 1, B, H))
-    points[0] = h0
-    points[1:] = y
-    return points
-
-
-def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, b_hn, meter) -> list:
+def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, rb, cell: Cell, meter) -> list:
     """The propagators of the forward's coarse levels."""
     grids = hier.grids
     if isinstance(options.coarse, Implicit):
@@ -326,8 +306,8 @@ def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, b_hn, meter) -> li
                 g,
                 pad_steps(hier.gates[lvl], g),
                 w_hh,
-                b_hn,
-                "implicit",
+                rb,
+                implicit_of(cell),
                 pad_steps(hier.dts[lvl], g),
                 meter=meter,
             )
@@ -371,11 +351,14 @@ def _stopping(options: MGRIT, pass_: str, grids: list[Grid], x: Tensor) -> Stopp
     return rule
 
 
-def _state_range(h0: Tensor):
-    """The clamp of ``Budget(clamp=True)``: a GRU step is a convex combination of its state
-    and a tanh in (-1, 1), so every state lies within ``max(1, |h0|)``."""
-    bound = max(1.0, h0.abs().max().item())
-    return lambda states: states.clamp_(-bound, bound)
+def implicit_of(cell: Cell) -> Cell:
+    """The cell's variant that steps Implicit coarse levels; an error where it has none."""
+    if cell.implicit is None:
+        raise ValueError(
+            f"MGRIT(coarse='implicit') steps coarse levels with the implicit GRU; the "
+            f"{cell.name.upper()} has no implicit step: use coarse='secant' or 'frozen'"
+        )
+    return cell.implicit
 
 
 def forward_solve(
@@ -385,7 +368,7 @@ def forward_solve(
     b_ih: Optional[Tensor],
     w_hh: Tensor,
     b_hh: Optional[Tensor],
-    cell: str,
+    cell: Cell,
     options: MGRIT,
     where=(0, False),
     mask: Optional[Tensor] = None,
@@ -393,7 +376,8 @@ def forward_solve(
     keep: bool = False,
     control=None,
 ) -> tuple[Tensor, Hierarchy, SolveStats]:
-    """Solve one layer forward for x ``(T, B, I)``, h0 ``(B, H)``; ``mask`` ``(T, B)`` (1 up to
+    """Solve one layer of ``cell`` forward for x ``(T, B, I)``, h0 ``(B, S)`` (the cell's
+    start state, ``S = cell.state * H``); ``mask`` ``(T, B)`` (1 up to
     each sequence's length, 0 after) makes the steps past a sequence's end identity steps.
     ``where`` is (layer, reverse): a reverse direction gets x already flipped in time and is
     padded at the front. With ``tg`` (a :class:`mgrit_gru.distributed.TimeContext`), x is
@@ -402,7 +386,7 @@ def forward_solve(
     keep their gates for the backward (``hier.kept``). ``control``: see
     :func:`mgrit_gru.layer.control.solve_guarded`.
 
-    Returns all points ``(T + 1, B, H)`` (point 0 is h0; a fresh tensor), the hierarchy (for
+    Returns all points ``(T + 1, B, S)`` (point 0 is h0; a fresh tensor), the hierarchy (for
     the adjoint) and the stats.
     """
     T, B = x.shape[:2]
@@ -412,7 +396,8 @@ def forward_solve(
     grids = _grids(T, options, 0, front, tg)
     M, off = grids[0].M, grids[0].off
     H = w_hh.shape[1]
-    b_hn = None if b_hh is None else b_hh[2 * H :]
+    S = h0.shape[-1]
+    rb = cell.recurrent_bias(b_hh, H)
     steps = T if tg is None else tg.steps
     fused = _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg)
     meter = cost.Meter(H, x.device.type)
@@ -426,7 +411,7 @@ def forward_solve(
             gx = workspace.buffer(WIDE, (M, B, w_ih.shape[0]), x)
             gx[:off] = 0.0
             with trace.bulk("gates", T * B, H, x):
-                input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
+                input_gates(x, w_ih, cell.fold_bias(b_ih, b_hh, H), out=gx[off : off + T])
             gx[off + T :] = 0.0
             state["gx"] = gx
         return state["gx"]
@@ -440,7 +425,7 @@ def forward_solve(
 
     kept = None
     if keep and _worth_keeping(grids, B, steps):
-        kept = workspace.lease((M, B, gru.KEPT * H), x)
+        kept = workspace.lease((M, B, cell.kept * H), x)
     if tg is not None and len(grids) > 1 and isinstance(options.coarse, Implicit):
         coarse_gates()  # a collective: every rank, whichever grid it runs
 
@@ -452,7 +437,7 @@ def forward_solve(
             # noted as a time group's serial solve would run (before the loop: its operators
             # belong to the steps' event); a refused shape notes it again below, harmlessly
             trace.message(trace.RECV_PREV, h0)
-            state["points"] = fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
+            state["points"] = cell.fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
             if state["points"] is not None:
                 meter.add("fused", B, T, level=trace.SERIAL)
                 trace.message(trace.SEND_NEXT, state["points"][T])
@@ -469,9 +454,9 @@ def forward_solve(
             if isinstance(options.coarse, Implicit):
                 coarse_gates()  # the implicit coarse steps' gates
             else:
-                factors = workspace.buffer("fwd.factors", (fine.M, B, H), x)  # chunk maps'
-            coarse_ops = coarse_forward_ops(hier, options, w_hh, b_hn, meter)
-        fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, b_hn, cell, dt, k, factors, meter)
+                factors = workspace.buffer("fwd.factors", (fine.M, B, S), x)  # chunk maps'
+            coarse_ops = coarse_forward_ops(hier, options, w_hh, rb, cell, meter)
+        fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, rb, cell, dt, k, factors, meter)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
@@ -485,7 +470,7 @@ def forward_solve(
             max_iters=rule.max_iters,
             early_exit=options.early_exit,
             guard=_guard(options, rule, meter, serial_cost, tg),
-            project=_state_range(h0) if options.budget and options.budget.clamp else None,
+            project=cell.state_clamp(h0) if options.budget and options.budget.clamp else None,
         )
 
     grids, result, stats = solve_guarded(
@@ -531,32 +516,34 @@ def time_blocks(T: int, B: int):
 def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None, kept=None):
     """Adjoint coefficients of every fine step, reversed in time and padded to ``M`` steps
     with identity steps, ``off`` of them in front: step ``k`` lands at reversed index
-    ``off + T - 1 - k``. From the forward's ``kept`` gates ``(T, B, 4H)`` when given (no
-    GEMM), else recomputed per block (two small GEMMs: input and recurrent gates).
+    ``off + T - 1 - k``. From the forward's ``kept`` gates ``(T, B, kept * H)`` when given
+    (no GEMM), else recomputed per block (two small GEMMs: input and recurrent gates).
 
-    Returns ``D_rev`` ``(M, B, H)``, ``C_rev`` ``(M, B, 3H)`` and ``A_n`` ``(T, B, H)`` (forward
-    order, only needed for the input-gate gradients), all workspace buffers.
+    Returns ``D_rev`` ``(M, B, S)``, ``C_rev`` ``(M, B, coeffs * H)`` and the cell's extra
+    ``(T, B, extra * H)`` (forward order, only needed for the gate gradients; None if the
+    cell has none), all workspace buffers.
     """
-    T, B, H = x.shape[0], x.shape[1], points.shape[-1]
-    b_in, b_hn = gru.fold_bias(b_ih, b_hh, H), None if b_hh is None else b_hh[2 * H :]
-    D_rev = workspace.buffer("bwd.D", (M, B, H), points)
-    C_rev = workspace.buffer(WIDE, (M, B, 3 * H), points)
-    A_n = workspace.buffer("bwd.A_n", (T, B, H), points)
+    T, B, H, S = x.shape[0], x.shape[1], w_hh.shape[1], points.shape[-1]
+    b_in, rb = cell.fold_bias(b_ih, b_hh, H), cell.recurrent_bias(b_hh, H)
+    D_rev = workspace.buffer("bwd.D", (M, B, S), points)
+    C_rev = workspace.buffer(WIDE, (M, B, cell.coeffs * H), points)
+    A_n = workspace.buffer("bwd.extra", (T, B, cell.extra * H), points) if cell.extra else None
     for pad in (slice(0, off), slice(off + T, M)):
         D_rev[pad] = 1.0
         C_rev[pad] = 0.0
     end = off + T
     for k0, k1 in time_blocks(T, B):
         dt = None if mask is None else column(mask[k0:k1])
-        C = workspace.buffer("bwd.block C", (k1 - k0, B, 3 * H), points)
+        C = workspace.buffer("bwd.block C", (k1 - k0, B, cell.coeffs * H), points)
         if kept is not None:
-            lin = gru.linearise_kept(points[k0:k1], kept[k0:k1], cell, dt, C)
+            lin = cell.linearise_kept(points[k0:k1], kept[k0:k1], dt, C)
         else:
             gx = input_gates(x[k0:k1], w_ih, b_in)
-            lin = gru.linearise(points[k0:k1], gx, w_hh, b_hn, cell, dt, C)
+            lin = cell.linearise(points[k0:k1], gx, w_hh, rb, dt, C)
         reversed_time(lin.D, out=D_rev[end - k1 : end - k0])
         reversed_time(lin.C, out=C_rev[end - k1 : end - k0])
-        A_n[k0:k1] = lin.A_n
+        if A_n is not None:
+            A_n[k0:k1] = lin.extra
     return D_rev, C_rev, A_n
 
 
@@ -588,13 +575,14 @@ def reversed_forcing(
 class Adjoint:
     """The solved adjoint of one layer, in reversed time: ``lam_k = lam_rev[T - k]``."""
 
-    lam_rev: Tensor  # (T + 1, B, H)
-    C_rev: Tensor  # (T, B, 3H) fine coefficients, reversed
-    A_n: Tensor  # (T, B, H) forward order
+    lam_rev: Tensor  # (T + 1, B, S)
+    C_rev: Tensor  # (T, B, coeffs * H) fine coefficients, reversed
+    extra: Optional[Tensor]  # (T, B, extra * H) forward order: the cell's (GRU: A_n)
     stats: SolveStats
 
     def blocks(self, T: int, B: int):
-        """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and ``A_n`` in forward order.
+        """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and the cell's extra in
+        forward order.
         ``lam`` and ``C`` are work buffers that the next block overwrites."""
         for k0, k1 in time_blocks(T, B):
             lam = self.lam_rev[T - k1 : T - k0]
@@ -604,7 +592,7 @@ class Adjoint:
                 k1,
                 reversed_time(lam, out=workspace.buffer("bwd.block lam", lam.shape, lam)),
                 reversed_time(C, out=workspace.buffer("bwd.block C", C.shape, C)),
-                self.A_n[k0:k1],
+                None if self.extra is None else self.extra[k0:k1],
             )
 
 
@@ -616,7 +604,7 @@ def adjoint_solve(
     hier: Hierarchy,
     w_hh: Tensor,
     b_hh: Optional[Tensor],
-    cell: str,
+    cell: Cell,
     options: MGRIT,
     d_out: Tensor,
     d_last: Tensor,
@@ -665,7 +653,7 @@ def adjoint_solve(
         if "ops" not in state:
             if isinstance(options.coarse, Implicit):
                 state["ops"] = _coarse_adjoint_ops(
-                    hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, options, meter
+                    hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter
                 )
             else:
                 state["ops"] = chunk_map_ops(mgrit_grids, options)
@@ -676,7 +664,8 @@ def adjoint_solve(
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
-        fine_op = AdjointStep(fine, D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M], w_hh, meter)
+        D, C = D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M]
+        fine_op = AdjointStep(fine, D, C, w_hh, cell, meter)
         ops = [fine_op] + (coarse_ops(grids) if len(grids) > 1 else [])
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *f_T.shape), f_T)
@@ -708,26 +697,26 @@ def adjoint_solve(
     return Adjoint(lam_rev, C_rev[off : off + T], A_n, stats)
 
 
-def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, options, meter):
+def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter):
     """The adjoint's implicit coarse levels: VJPs of the forward's coarse implicit steps,
     linearised at the forward states of their coarse points (the coarse gates are made here
     if the forward ran serially and never built them)."""
     H = w_hh.shape[1]
-    b_hn = None if b_hh is None else b_hh[2 * H :]
+    implicit = implicit_of(cell)
+    rb = cell.recurrent_bias(b_hh, H)
     if len(hier.grids) > 1 and hier.gates[1] is None:
         fwd = hier.grids[0]
         gx = x.new_zeros((fwd.M, *x.shape[1:-1], w_ih.shape[0]))
-        input_gates(x, w_ih, gru.fold_bias(b_ih, b_hh, H), out=gx[fwd.off : fwd.off + x.shape[0]])
+        input_gates(x, w_ih, cell.fold_bias(b_ih, b_hh, H), out=gx[fwd.off : fwd.off + x.shape[0]])
         built = build_hierarchy(gx, hier.grids, options, step_weights(fwd, mask, gx))
         hier.gates, hier.dts = built.gates, built.dts
     ops = []
     for lvl in range(1, len(grids)):
-        lin = gru.linearise(
+        lin = implicit.linearise(
             hier.coarse_points(points, lvl, options.cfactor),
             hier.gates[lvl],
             w_hh,
-            b_hn,
-            "implicit",
+            rb,
             column(hier.dts[lvl]),
         )
         grid = grids[lvl]
@@ -737,6 +726,7 @@ def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, mask, op
                 pad_steps(lin.D.flip(0), grid, 1.0),
                 pad_steps(lin.C.flip(0), grid),
                 w_hh,
+                implicit,
                 meter,
             )
         )

@@ -1,0 +1,73 @@
+"""What the layer solve needs from a recurrent cell: the protocol a cell package implements.
+
+The solve (:mod:`mgrit_gru.layer.solve`) knows a layer as a time-stepping problem on a state
+``u`` of ``state * H`` values per row (the GRU's ``h``; the LSTM's ``[h, c]``), driven by
+input gates ``W_ih x + bias`` of ``gates * H`` values per step, all computed in one GEMM. A
+cell supplies the step, its vector-Jacobian product in the form
+
+    J^T lam = adjoint_step(lam, D, C)       D: (..., state * H), C: (..., coeffs * H)
+
+where ``D`` is the diagonal part that survives with the gates frozen (the factor of the
+frozen-gate chunk maps; 1 on an identity step, where ``C`` is 0), the gate gradients from the
+adjoint, and optional extras: a fused serial loop, an implicit variant for implicit coarse
+steps, a reference layer in plain autograd code. A new cell is a package that provides one
+object with these members; nothing in the solve, the autograd glue or the module base names a
+cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Optional, Protocol
+
+from torch import Tensor
+
+
+class Linearisation(NamedTuple):
+    """The adjoint coefficients of steps: ``D`` (diagonal, ``state * H``), ``C``
+    (``coeffs * H``) and ``extra`` (what the cell's gate gradients need besides them, or
+    None)."""
+
+    D: Tensor
+    C: Tensor
+    extra: Optional[Tensor]
+
+
+class Cell(Protocol):
+    name: str  # "gru", "lstm": in error messages and a time group's configuration check
+    gates: int  # blocks of H in the input gates (W_ih has gates * H rows)
+    state: int  # blocks of H in the state u; the output y is its first block, h
+    kept: int  # blocks of H that a step keeps for linearise_kept
+    coeffs: int  # blocks of H in C
+    extra: int  # blocks of H in Linearisation.extra (0: None)
+    fused: bool  # fused_forward may run this cell's serial forward
+    implicit: Optional[Cell]  # the variant that steps an Implicit coarse level, or None
+
+    def fold_bias(self, b_ih: Optional[Tensor], b_hh: Optional[Tensor], H: int):
+        """The bias added to every step's input gates."""
+
+    def recurrent_bias(self, b_hh: Optional[Tensor], H: int) -> Optional[Tensor]:
+        """The part of ``b_hh`` that :meth:`step` applies itself (not folded)."""
+
+    def step(self, u, gx, w_hh, rb, dt=None, out=None, keep=None, factor=None) -> Tensor:
+        """One step of states ``u`` with input gates ``gx``; ``dt`` ``(..., 1)``: the step size
+        (0: identity). ``keep`` receives the step's gates (``kept * H``), ``factor`` its
+        frozen-gate diagonal factor (``state * H``)."""
+
+    def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
+
+    def linearise_kept(self, u, kept, dt=None, out_C=None) -> Linearisation: ...
+
+    def adjoint_step(self, lam, D, C, w_hh, out=None) -> Tensor: ...
+
+    def gate_grads(self, lam_next, C, extra, out=None) -> tuple[Tensor, Tensor]:
+        """``(d_gx, d_gh)``: the gradients of the input gates and of ``W_hh h + b_hh``."""
+
+    def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
+        """All points ``(T + 1, B, state * H)`` by a library kernel, or None (refused)."""
+
+    def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask) -> tuple[Tensor, Tensor]:
+        """``(states (T, B, state * H), u_n)`` in plain autograd code, step by step."""
+
+    def state_clamp(self, u0: Tensor) -> Callable[[Tensor], Tensor]:
+        """``Budget(clamp=True)``'s projection of coarse states onto the states' range."""

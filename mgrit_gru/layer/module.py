@@ -1,0 +1,588 @@
+"""The module base of ``mgrit_gru.GRU`` and ``mgrit_gru.LSTM``: torch's RNN constructor,
+parameters, checks and call (dense, padded with ``lengths=``, packed; batch_first; unbatched;
+layers; bidirectional; dropout; autocast, half precision, ``torch.compile``, ``torch.func``),
+each layer and direction solved by :func:`mgrit_gru.layer.autograd.solve_layer` with the
+solver options (automatic choice, MGRIT, serial, budgets) and time-parallel ranks."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from .. import trace
+from ..options import MGRIT, Auto, Implicit, as_options
+from ..stats import RunStats, SolveStats
+from .autograd import solve_layer
+from .cell import Cell
+from .control import AutoChoice, DivergenceMemory
+
+
+def _eager_under_compile(forward):
+    """``forward`` run eagerly inside ``torch.compile`` (torch.compiler.disable): the solve's
+    data-dependent control flow (cycles to a tolerance, the automatic choice, statistics)
+    would break or recompile a traced graph; torch's RNNs are a graph break too."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return forward if disable is None else disable(forward)
+
+
+class Recurrent(nn.Module):
+    """What ``mgrit_gru.GRU`` and ``mgrit_gru.LSTM`` share: torch's RNN constructor,
+    parameters and call around a cell (:class:`mgrit_gru.layer.cell.Cell`) whose layers are
+    solved by :func:`mgrit_gru.layer.autograd.solve_layer`. A subclass names its torch
+    counterpart and how its initial and final states look (the GRU's ``h``, the LSTM's
+    ``(h, c)``: stacked along the last dimension inside).
+
+    The docs below are the GRU's; the LSTM's are its own class's.
+
+    """
+
+    _NAME = "RNN"  # in messages: "GRU", "LSTM"
+    _TORCH: type = nn.Module  # torch.nn.GRU, torch.nn.LSTM
+
+    def __init__(
+        self,
+        cell: Cell,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        solver: Union[str, MGRIT, Auto] = "auto",
+        time_group=None,
+    ) -> None:
+        super().__init__()
+        name = self._NAME
+        for field, value in (
+            ("input_size", input_size),
+            ("hidden_size", hidden_size),
+            ("num_layers", num_layers),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {field} must be a positive integer, got {value!r}")
+        if (
+            not isinstance(dropout, (int, float))
+            or isinstance(dropout, bool)
+            or not (0.0 <= dropout <= 1.0)
+        ):
+            raise ValueError(f"{name}: dropout must be a number in [0, 1], got {dropout!r}")
+        if dropout > 0 and num_layers == 1:  # torch's warning, word for word
+            warnings.warn(
+                "dropout option adds dropout after all but last recurrent layer, so non-zero "
+                "dropout expects num_layers greater than 1, but got "
+                f"dropout={dropout} and num_layers={num_layers}",
+                stacklevel=3,
+            )
+        self._cell = cell
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+        self.bidirectional = bidirectional
+        self.solver = solver
+        self.time_group = time_group
+        self._divergence = DivergenceMemory()  # for MGRIT(on_divergence="backoff")
+        self.last_stats: Optional[RunStats] = None
+        factory = {"device": device, "dtype": dtype}
+        directions = 2 if bidirectional else 1
+        width = cell.gates * hidden_size
+        self._flat_weights_names: list[str] = []
+        for layer in range(num_layers):
+            layer_in = input_size if layer == 0 else hidden_size * directions
+            for direction in range(directions):
+                suffix = f"_l{layer}" + ("_reverse" if direction else "")
+                shapes = [("weight_ih", (width, layer_in)), ("weight_hh", (width, hidden_size))]
+                if bias:
+                    shapes += [("bias_ih", (width,)), ("bias_hh", (width,))]
+                for kind, shape in shapes:
+                    name = kind + suffix
+                    setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
+                    self._flat_weights_names.append(name)
+        self.reset_parameters()
+
+    @property
+    def solver(self):
+        """The solver options (:class:`mgrit_gru.MGRIT` or :class:`mgrit_gru.Auto`).
+        Assigning ``"auto"``, ``"serial"``, ``"mgrit"`` or such an object takes effect from
+        the next call."""
+        return self._solver
+
+    @solver.setter
+    def solver(self, value) -> None:
+        self._solver = self._checked(value)
+        wait = self._solver.max_wait if isinstance(self._solver, Auto) else Auto().max_wait
+        self._choice = AutoChoice(wait)  # a new solver learns anew
+
+    @contextlib.contextmanager
+    def using(self, solver):
+        """Within the block, solve with ``solver`` (as for ``solver=``); the solver and what
+        it has learnt are restored after it (e.g. to test a budget-trained model serially)."""
+        saved = self._solver
+        self._solver = self._checked(solver)
+        try:
+            yield self
+        finally:
+            self._solver = saved
+
+    def _checked(self, value) -> Union[MGRIT, Auto]:
+        """``value`` as options, refused where this cell lacks what they ask for."""
+        options = as_options(value)
+        mgrit = options.mgrit if isinstance(options, Auto) else options
+        if isinstance(mgrit.coarse, Implicit) and self._cell.implicit is None:
+            raise ValueError(
+                f"{self._NAME}: MGRIT(coarse='implicit') steps coarse levels with the implicit "
+                f"GRU, which the {self._NAME} has no analogue of; use coarse='secant' (the "
+                "default) or 'frozen'"
+            )
+        return options
+
+    def solver_state(self) -> dict:
+        """What the solver has learnt from earlier calls (the automatic choice's and the
+        backoff's per-layer state): plain data for a checkpoint, so that a resumed training
+        run makes the choices an uninterrupted one would. Not part of ``state_dict`` (whose
+        keys stay torch's)."""
+        return {"auto": self._choice.state_dict(), "backoff": self._divergence.state_dict()}
+
+    def load_solver_state(self, state: dict) -> None:
+        self._choice.load_state_dict(state.get("auto", {}))
+        self._divergence.load_state_dict(state.get("backoff", {}))
+
+    def time_cfactor(self, steps: int, batch: int) -> int:
+        """The chunk length of a time-parallel call with ``steps`` global time steps and
+        ``batch`` sequences (``cfactor="auto"`` resolved from the global shape and the time
+        group's size, as on every rank); :func:`mgrit_gru.distributed.scatter_time` takes
+        the module in its place."""
+        ranks = 1 if self.time_group is None else self.time_group.size
+        device = self.weight_ih_l0.device.type
+        opts = self._mgrit_options()
+        return opts.resolve(steps, batch, self.hidden_size, device, ranks).cfactor
+
+    def _mgrit_options(self) -> MGRIT:
+        return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
+
+    @property
+    def _all_weights(self) -> list[list[str]]:
+        per = 4 if self.bias else 2
+        names = self._flat_weights_names
+        return [names[i : i + per] for i in range(0, len(names), per)]
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """As torch's ``all_weights``: per layer and direction, its parameters."""
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    def flatten_parameters(self) -> None:
+        """As torch's ``flatten_parameters``; a no-op (no cuDNN weight buffer here)."""
+
+    def __prepare_scriptable__(self):
+        name = self._NAME
+        raise RuntimeError(
+            f"mgrit_gru.{name} cannot be compiled by torch.jit.script: its solver is Python "
+            "code around a torch.autograd.Function. For TorchScript export its weights as a "
+            f"torch.nn.{name} with {name.lower()}.to_torch() (the same function, solved "
+            "serially)"
+        )
+
+    def to_torch(self) -> nn.Module:
+        """The torch module (``torch.nn.GRU`` / ``torch.nn.LSTM``) with these weights (same
+        device and dtype)."""
+        return _copy_as(self._TORCH, self)
+
+    def reset_parameters(self) -> None:
+        """torch's initialisation: U(-1/sqrt(H), 1/sqrt(H)) for every parameter."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -bound, bound)
+
+    @classmethod
+    def _copy_of(cls, module: nn.Module, **extra):
+        """A copy of a torch module of this kind (same weights, device and dtype)."""
+        name, kind = cls._NAME, cls._TORCH.__name__
+        if not isinstance(module, cls._TORCH):
+            raise TypeError(
+                f"{name}.from_torch: expected a torch.nn.{kind}, got {type(module).__name__}"
+            )
+        if getattr(module, "proj_size", 0):
+            raise ValueError(f"{name}.from_torch: proj_size is not supported")
+        return _copy_as(cls, module, **extra)
+
+    def extra_repr(self) -> str:
+        text = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            text += f", num_layers={self.num_layers}"
+        for name, default in (
+            ("bias", True),
+            ("batch_first", False),
+            ("dropout", 0.0),
+            ("bidirectional", False),
+        ):
+            if getattr(self, name) != default:
+                text += f", {name}={getattr(self, name)}"
+        return text + self._extra_repr_tail() + f", solver={self.solver}"
+
+    def _extra_repr_tail(self) -> str:
+        return ""
+
+    def _weights(self, layer: int, direction: int) -> list[Optional[Tensor]]:
+        suffix = f"_l{layer}" + ("_reverse" if direction else "")
+        names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
+        return [getattr(self, n + suffix, None) for n in names]
+
+    def _check_input(self, x: Tensor) -> tuple[Tensor, bool, Optional[int]]:
+        """``x`` checked; returns it time-major and batched, whether it was batched, and the
+        batch size (None unbatched)."""
+        name = self._NAME
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name}: input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() not in (2, 3):
+            raise ValueError(
+                f"{name}: expected input of 2 (unbatched: T, {self.input_size}) or 3 dimensions "
+                f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
+            )
+        if x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{name}: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
+            )
+        param = self.weight_ih_l0
+        if not x.is_floating_point():
+            raise TypeError(
+                f"{name}: input must be a floating-point tensor, got {x.dtype}; convert it, "
+                f"e.g. x.to({param.dtype})"
+            )
+        if x.dtype != param.dtype:
+            raise TypeError(
+                f"{name}: input dtype {x.dtype} does not match the parameters' dtype "
+                f"{param.dtype}; convert one of them (e.g. module.to({x.dtype}))"
+            )
+        if x.device != param.device:
+            raise ValueError(
+                f"{name}: input is on {x.device} but the parameters are on {param.device}"
+            )
+        batched = x.dim() == 3
+        seq_dim = 1 if (batched and self.batch_first) else 0
+        if x.shape[seq_dim] == 0:
+            raise ValueError(f"{name}: empty sequence (length 0)")
+        if batched and x.shape[1 - seq_dim] == 0:
+            raise ValueError(f"{name}: empty batch (batch size 0)")
+        if not _all_finite(x):
+            raise ValueError(f"{name}: input contains NaN or Inf")
+        batch = x.shape[1 - seq_dim] if batched else None
+        if not batched:
+            x = x.unsqueeze(1)
+        elif self.batch_first:
+            x = x.transpose(0, 1)
+        return x, batched, batch
+
+    def _check_state(self, label: str, t, batch: Optional[int]) -> Tensor:
+        """One initial-state tensor (``h0``, ``c0``) checked against torch's shape
+        ``(D * num_layers, [B,] H)``; returned batched."""
+        name, param = self._NAME, self.weight_ih_l0
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
+        directions = 2 if self.bidirectional else 1
+        expected = (
+            (directions * self.num_layers,)
+            + ((batch,) if batch is not None else ())
+            + (self.hidden_size,)
+        )
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name}: expected {label} of shape {expected}, got {tuple(t.shape)}")
+        if t.dtype != param.dtype:
+            raise TypeError(
+                f"{name}: {label} dtype {t.dtype} does not match the parameters' dtype "
+                f"{param.dtype}"
+            )
+        if t.device != param.device:
+            raise ValueError(
+                f"{name}: {label} is on {t.device} but the parameters are on {param.device}"
+            )
+        if not _all_finite(t):
+            raise ValueError(f"{name}: {label} contains NaN or Inf")
+        return t if batch is not None else t.unsqueeze(1)
+
+    def _initial_state(self, hx, batch: Optional[int]) -> Optional[Tensor]:
+        """The call's initial state as one tensor ``(D * num_layers, B, S)``, or None."""
+        raise NotImplementedError
+
+    def _final_state(self, u_n: Tensor, batched: bool):
+        """The call's final state as torch returns it, from ``(D * num_layers, B, S)``."""
+        raise NotImplementedError
+
+    def _check_lengths(self, lengths, B: int, batched: bool) -> Optional[Tensor]:
+        if lengths is None:
+            return None
+        if not batched:
+            raise ValueError(f"{self._NAME}: lengths= needs batched input")
+        lengths = torch.as_tensor(lengths)
+        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise TypeError(f"{self._NAME}: lengths must be integers, got {lengths.dtype}")
+        if tuple(lengths.shape) != (B,):
+            raise ValueError(
+                f"{self._NAME}: lengths must have shape ({B},), got {tuple(lengths.shape)}"
+            )
+        return lengths.to("cpu", torch.long)
+
+    def _time_context(self, steps: int, batch: int, lengths: Optional[Tensor], device):
+        """The time-parallel view of this call (None without ``time_group``); a collective
+        check that the ranks agree on the model, the options and the lengths. The chunk
+        length comes from the global shape (``cfactor="auto"``: the same on every rank)."""
+        if self.time_group is None:
+            if trace.active():  # what a time group's start-up check would exchange
+                trace.message(trace.CHECK, torch.empty(5, dtype=torch.float64))
+            return None
+        from ..distributed import TimeContext
+
+        opts = self._mgrit_options()
+        config = f"{opts!r} {self._cell!r} {self.extra_repr()}"
+        size = self.time_group.size
+        return TimeContext.for_slice(
+            self.time_group,
+            steps,
+            lambda total: opts.resolve(total, batch, self.hidden_size, device.type, size).cfactor,
+            config,
+            self.parameters(),
+            lengths,
+            device,
+        )
+
+    @_eager_under_compile
+    def forward(self, input, hx=None, *, lengths: Optional[Tensor] = None) -> tuple:
+        """``y, h_n = module(x, hx)`` as torch's (the LSTM's ``hx`` and ``h_n`` are ``(h, c)``
+        pairs); ``x`` may be a ``PackedSequence`` (then
+        ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
+        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero.
+
+        Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
+        the parameters' dtype: a floating input (and hx) of another dtype, such as bf16 from
+        an autocast layer before it, is cast to it, and the outputs come in that dtype.
+
+        In a model compiled with ``torch.compile`` this call runs eagerly (a graph break, as
+        torch's), the rest of the model compiled. Under ``torch.func`` transforms
+        (``grad``, ``jacrev``, ``vmap``, ...) the layers run as plain autograd code, one
+        serial step after another, which the transforms can see through; MGRIT is not used
+        there, and ``last_stats`` says so."""
+        param = self.weight_ih_l0
+        if _autocast_enabled(param.device.type):
+            with torch.autocast(param.device.type, enabled=False):
+                data = input.data if isinstance(input, PackedSequence) else input
+                if isinstance(data, Tensor) and data.is_floating_point():
+                    input = input.to(param.dtype)
+                hx = _map_state(hx, lambda t: t.to(param.dtype))
+                return self._forward(input, hx, lengths)
+        return self._forward(input, hx, lengths)
+
+    def _forward(self, input, hx, lengths: Optional[Tensor]) -> tuple:
+        name = self._NAME
+        packed = isinstance(input, PackedSequence)
+        if packed:
+            if self.time_group is not None:
+                raise ValueError(
+                    f"{name}: with time_group= pass this rank's padded time slice and the global "
+                    "lengths= (B,), not a PackedSequence"
+                )
+            if lengths is not None:
+                raise ValueError(f"{name}: pass lengths= or a PackedSequence, not both")
+            sorted_indices, unsorted_indices = input.sorted_indices, input.unsorted_indices
+            batch_sizes = input.batch_sizes
+            input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
+        x, batched, batch = self._check_input(input)
+        u0 = None if hx is None else self._initial_state(hx, batch)
+        T, B = x.shape[:2]
+        lengths = self._check_lengths(lengths, B, batched)
+        tg = self._time_context(T, B, lengths, x.device)
+        t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
+        if lengths is not None and (lengths.min() < 1 or lengths.max() > steps):
+            raise ValueError(
+                f"{name}: lengths must lie in [1, {steps}] (the padded length), got "
+                f"min {int(lengths.min())} max {int(lengths.max())}"
+            )
+        # float16 / bfloat16 models solve in float32: the tolerance of MGRIT (1e-5 by default)
+        # lies below their resolution, and a serial sweep in half precision drifts. Parameters,
+        # input and h0 are cast (differentiably), the outputs come back in the model's dtype.
+        dtype = x.dtype
+        if dtype in HALF:
+            x = x.float()
+            u0 = None if u0 is None else u0.float()
+        mask = None
+        if lengths is not None and int(lengths.min()) < steps:
+            t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
+            mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
+        out, u_n = self._run(x, u0, mask, tg)
+        out, h_n = out.to(dtype), self._final_state(u_n.to(dtype), batched)
+        if packed:
+            order = sorted_indices if sorted_indices is not None else torch.arange(B)
+            data = pack_padded_sequence(
+                out.index_select(1, order.to(out.device)), lengths[order], enforce_sorted=True
+            ).data
+            return PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), h_n
+        if not batched:
+            return out.squeeze(1), h_n
+        if self.batch_first:
+            out = out.transpose(0, 1)
+        return out, h_n
+
+    def _run(self, x: Tensor, u0: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
+        """All layers and directions: the output ``(T, B, D * H)`` and the final states
+        ``(D * num_layers, B, S)``. The reverse direction runs over the flipped padded axis:
+        a sequence's padding then comes first, as identity steps (mask 0) that keep its start
+        state, so its real steps see the sequence reversed within its length, as in torch."""
+        directions = 2 if self.bidirectional else 1
+        B, H, cell = x.shape[1], self.hidden_size, self._cell
+        if u0 is None:
+            u0 = x.new_zeros(directions * self.num_layers, B, cell.state * H)
+        solver = self._mgrit_options()
+        if tg is None:
+            solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
+        else:  # the chunk length the ranks' slices are aligned to
+            solver = solver.replace(cfactor=tg.cfactor)
+        if isinstance(self.solver, Auto) and tg is None:
+            control = self._choice  # time-parallel ranks run MGRIT: their meters differ
+        else:
+            control = self._divergence if solver.on_divergence == "backoff" else None
+        record = RunStats()
+        if self.last_stats is not None and _in_backward():
+            # a checkpoint's recomputation (torch.utils.checkpoint): the adjoint solves of this
+            # call (non-reentrant: the first call's ctx; reentrant: this one's) join last_stats
+            record.backward = self.last_stats.backward
+        else:
+            self.last_stats = record
+        transformed = _functorch_active()
+        if transformed and tg is not None:
+            raise ValueError(
+                f"{self._NAME}: torch.func transforms are not supported with time_group="
+            )
+        h_n = []
+        layer_in = x
+        for layer in range(self.num_layers):
+            outs = []
+            for direction in range(directions):
+                weights = self._weights(layer, direction)
+                w_ih, w_hh, b_ih, b_hh = (None if w is None else w.to(x.dtype) for w in weights)
+                flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
+                x_in, h_in = flip(layer_in), u0[layer * directions + direction]
+                m_in, where = None if mask is None else flip(mask), (layer, bool(direction))
+                if transformed:  # torch.func: plain autograd code the transforms can follow
+                    y, h_last = cell.reference_layer(x_in, h_in, w_ih, w_hh, b_ih, b_hh, m_in)
+                    record.forward.append(_transformed_stats(solver, layer, direction, x))
+                elif _unrolled(solver, tg):
+                    y, h_last = self._unrolled_layer(
+                        x_in, h_in, (w_ih, w_hh, b_ih, b_hh), solver, record, where, m_in
+                    )
+                else:
+                    y, h_last = solve_layer(
+                        x_in, h_in, w_ih, w_hh, b_ih, b_hh, cell, solver, record, where,
+                        m_in, tg, control,
+                    )  # fmt: skip
+                if y.shape[-1] != H:  # the output is the state's first block, h
+                    y = y[..., :H]
+                outs.append(flip(y))
+                h_n.append(h_last)
+            layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
+            if mask is not None:
+                layer_out = layer_out * mask.unsqueeze(-1)  # padded outputs are zero
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                layer_out = F.dropout(layer_out, self.dropout, training=True)
+            layer_in = layer_out
+        return layer_in, torch.stack(h_n)
+
+    def _unrolled_layer(self, x, h0, weights, solver, record, where, mask):
+        """One layer and direction differentiated through a budget's cycles
+        (``Budget(gradient="unrolled")``); only cells with an unrolled solve have it."""
+        raise ValueError(
+            f"{self._NAME}: Budget(gradient='unrolled') is available for the GRU only; use "
+            "gradient='adjoint' (the default)"
+        )
+
+
+HALF = (torch.float16, torch.bfloat16)
+TRANSFORMED = "a torch.func transform: the layer ran as plain autograd code"
+
+
+def _functorch_active() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap, ...) is running this call."""
+    peek = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def _transformed_stats(solver: MGRIT, layer: int, direction: int, x: Tensor) -> SolveStats:
+    """The record of a layer solved serially under a torch.func transform."""
+    mgrit = not solver.is_serial
+    return SolveStats(
+        "forward", layer, bool(direction), x.shape[0], 1, 0, (), True, mgrit, mgrit,
+        reason=TRANSFORMED if mgrit else None,
+    )  # fmt: skip
+
+
+def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
+    """A ``kind`` (a torch module or its mgrit_gru counterpart) with ``module``'s
+    architecture, device, dtype and weights. The original warned about its dropout already:
+    the copy is made quietly."""
+    weight = module.weight_ih_l0
+    arch = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        new = kind(
+            *(getattr(module, name) for name in arch),
+            module.bidirectional,
+            device=weight.device,
+            dtype=weight.dtype,
+            **extra,
+        )
+    new.load_state_dict(module.state_dict())
+    return new
+
+
+def _map_state(hx, fn):
+    """``fn`` applied to a floating initial state: a tensor, or each tensor of a tuple."""
+    if isinstance(hx, Tensor):
+        return fn(hx) if hx.is_floating_point() else hx
+    if isinstance(hx, tuple):
+        return tuple(_map_state(t, fn) for t in hx)
+    return hx
+
+
+def _unrolled(solver: MGRIT, tg) -> bool:
+    """Whether this call differentiates through a budget's cycles."""
+    budget = solver.budget
+    if budget is None or budget.gradient != "unrolled" or not torch.is_grad_enabled():
+        return False
+    if tg is not None:
+        raise ValueError(
+            "Budget(gradient='unrolled') runs in one process; with time_group= use "
+            "gradient='adjoint'"
+        )
+    return not solver.is_serial
+
+
+def _in_backward() -> bool:
+    """Whether autograd is running a backward pass now (a forward called here is a
+    checkpoint's recomputation)."""
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or Inf in ``t``. One NaN or Inf makes the sum NaN or Inf, so a finite sum proves
+    there is none: one reduction (0.1 ms for 2M floats here, where ``isfinite(t).all()`` took
+    5 ms). A sum that overflowed from finite values falls to the exact check."""
+    if _functorch_active():  # vmap cannot branch on values; NaN then propagates as in torch
+        return True
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_enabled()
