@@ -140,8 +140,67 @@ def _worker(rank: int, size: int, port: int) -> None:
                 for ra, rb in zip(a.residuals, b.residuals):
                     assert abs(ra - rb) <= 1e-9 * max(ra, 1e-300) + 1e-14, (a, b)
         _pooled_heads_and_auto_cfactor(replicated)
+        _lstm_time_parallel(replicated, rank, size)
     finally:
         dist.destroy_process_group()
+
+
+LSTM_CASES = [
+    # (T, layers, bidirectional, variable lengths, MGRIT options)
+    (203, 2, True, True, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),  # secant
+    (150, 1, False, False, dict(cfactor=4, tol=1e-12, max_iters=60, coarse="frozen")),
+    (97, 1, True, True, dict(cfactor=4, levels=1)),  # serial: a pipeline over the ranks
+]
+
+
+def _lstm_time_parallel(tg, rank: int, size: int) -> None:
+    """mgrit_gru.LSTM on a time group equals one process's and torch.nn.LSTM's (outputs, h_n,
+    c_n, every gradient); each rank's trace is the expansion of one process's."""
+    for T, layers, bidir, varlen, opts in LSTM_CASES:
+        torch.manual_seed(1)
+        options = mgrit_gru.MGRIT(**opts, guard=mgrit_gru.Guard(cost=False))
+        kw = dict(num_layers=layers, bidirectional=bidir)
+        ref = torch.nn.LSTM(3, 5, **kw)
+        single = mgrit_gru.LSTM.from_torch(ref, solver=options)
+        multi = mgrit_gru.LSTM(3, 5, solver=options, time_group=tg, **kw)
+        multi.load_state_dict(ref.state_dict())
+        D, B, m = 2 if bidir else 1, 3, options.cfactor
+        x, h0, c0 = (
+            torch.randn(T, B, 3),
+            torch.randn(D * layers, B, 5),
+            torch.randn(D * layers, B, 5),
+        )
+        wy, wh = torch.randn(T, B, D * 5), torch.randn(D * layers, B, 5)
+        lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
+
+        def run(module, x, wy, loss_h):
+            x = x.detach().clone().requires_grad_()
+            state = [t.clone().requires_grad_() for t in (h0, c0)]
+            if isinstance(module, torch.nn.LSTM) and lengths is not None:
+                packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+                y, (hn, cn) = module(packed, tuple(state))
+                y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=T)[0]
+            else:
+                y, (hn, cn) = (
+                    module(x, tuple(state), lengths=lengths)
+                    if lengths is not None
+                    else module(x, tuple(state))
+                )
+            ((y * wy).sum() + ((hn + cn) * wh).sum() * loss_h).backward()
+            grads = [x.grad, state[0].grad, state[1].grad] + [p.grad for p in module.parameters()]
+            return [y.detach(), hn.detach(), cn.detach()] + grads
+
+        with trace.record(steps=T, cfactor=m) as single_trace:
+            want = run(single, x, wy, 1.0)
+        for a, b in zip(want, run(ref, x, wy, 1.0)):
+            assert (a - b).abs().max() < 1e-8, (T, bidir, varlen, opts)
+        with trace.record() as rank_trace:
+            got = run(multi, scatter_time(x, tg, m), scatter_time(wy, tg, m), float(rank == 0))
+        assert comparable(rank_trace.events) == comparable(expand(single_trace, size)[rank])
+        for k in (0, 3):  # y and dx are this rank's slices
+            got[k] = gather_time(got[k], tg, T, m)
+        for name, a, b in zip(["y", "h_n", "c_n", "dx", "dh0", "dc0"] + ["dparam"] * 99, got, want):
+            assert (a - b).abs().max() < 1e-10, (rank, name, T, bidir, varlen, opts)
 
 
 def _pooled_heads_and_auto_cfactor(tg) -> None:
