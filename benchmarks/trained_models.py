@@ -1,5 +1,6 @@
 """MGRIT on trained networks: checkpoints of real training runs, cycles per coarse correction,
-and the training step against the serial solver and torch.nn.GRU.
+and the training step against the serial solver and torch.nn.GRU (torch.nn.LSTM for the
+LSTM checkpoints: ``--datasets smnist-lstm acsf1-lstm``).
 
     python benchmarks/trained_models.py [--datasets smnist acsf1] [--threads 1] [--batches 3]
         [--cfactors 32 64] [--coarse implicit frozen secant] [--relax FCF FCFCF]
@@ -10,7 +11,9 @@ and the training step against the serial solver and torch.nn.GRU.
    training application, and its checkpoint is kept at the listed epochs (0 = the initial
    weights). The recipes (``RECIPES`` below, written to ``recipe.json`` beside them): smnist
    with hidden 64, batch 32, Adam at a constant 5e-3, clip 1, the last state, 10 epochs;
-   ACSF1 the same with batch 10 for 30 epochs.
+   ACSF1 the same with batch 10 for 30 epochs. The LSTMs (``LSTM_RECIPES``): mean pooling,
+   forget-gate bias +2, Adam at a constant 2e-3 (ACSF1: 5e-3 for 60 epochs, batch 10),
+   trained by torch.nn.LSTM; they have no implicit coarse step, so its rows are skipped.
 2. Cycles: for each checkpoint, on its first ``--batches`` training batches, one training
    step (forward and backward of the cross-entropy) per MGRIT setting with no guard and a cap
    of 40 cycles, so that the cycles to the default tolerance show: forward / adjoint cycles
@@ -49,6 +52,21 @@ RECIPES = {
     "smnist": dict(dataset="smnist", epochs=10, keep=(0, 3, 6, 10), **_PINNED),
     "acsf1": dict(dataset="acsf1", batch_size=10, epochs=30, keep=(0, 10, 20, 30), **_PINNED),
 }
+# LSTMs (mgrit_gru.LSTM), trained by torch.nn.LSTM (exact, and faster than the library's
+# serial LSTM loop), on smnist and on a second data set, ACSF1: mean pooling, the forget-gate
+# bias +2 (--update-bias), Adam at a constant 2e-3 without warm-up (a constant rate, so that
+# the checkpoints of one run at its kept epochs are those of a longer one).
+_LSTM = dict(
+    model="lstm", solver_for_training="torch", pool="mean", lr=2e-3, schedule="constant",
+    warmup=0.0, update_bias=2.0,
+)  # fmt: skip
+LSTM_RECIPES = {
+    "smnist-lstm": dict(dataset="smnist", epochs=10, keep=(0, 3, 10), **_LSTM),
+    # ACSF1 at 2e-3 barely leaves chance in 30 epochs (test accuracy 22%): 5e-3 for 60
+    "acsf1-lstm": dict(
+        dataset="acsf1", batch_size=10, epochs=60, keep=(0, 30, 60), **{**_LSTM, "lr": 5e-3}
+    ),
+}
 # Heads other than the last state (benchmarks/loss_shapes.py): the incoming gradient is spread
 # over the steps, and the adjoint state is hundreds of times larger than any single part of it.
 _SPREAD = dict(lr=3e-3, schedule="constant", **_BEFORE)
@@ -69,17 +87,23 @@ TIME_HEADER = (
     f"{'f/b it':>7} {'fb':>4} {'|dlogit|':>9} {'rel dgrad':>9}"
 )
 CAP = 40
+TORCH_NAME = {torch.nn.GRU: "torch.nn.GRU", torch.nn.LSTM: "torch.nn.LSTM"}
+
+
+ALL = {**RECIPES, **POOLED, **LSTM_RECIPES}
 
 
 def recipe_config(name: str, threads: int) -> TrainConfig:
-    spec = {k: v for k, v in {**RECIPES, **POOLED}[name].items() if k != "keep"}
-    return TrainConfig(**spec, solver="serial", seed=0, threads=threads)
+    skip = ("keep", "solver_for_training")
+    spec = {k: v for k, v in ALL[name].items() if k not in skip}
+    solver = ALL[name].get("solver_for_training", "serial")
+    return TrainConfig(**spec, solver=solver, seed=0, threads=threads)
 
 
 def make_checkpoints(name: str, cache: Path, threads: int, log=print) -> list[Path]:
     """The checkpoints of ``name``'s recipe at its kept epochs, trained if not cached."""
     cfg = recipe_config(name, threads)
-    keep = {**RECIPES, **POOLED}[name]["keep"]
+    keep = ALL[name]["keep"]
     folder = cache / name
     wanted = [folder / f"epoch-{e}" for e in keep]
     if all((w / "checkpoint.pt").exists() for w in wanted):
@@ -98,7 +122,7 @@ def make_checkpoints(name: str, cache: Path, threads: int, log=print) -> list[Pa
             state = {"config": cfg.to_dict(), "epoch": 0, "model": model.state_dict()}
             torch.save(state, dest / "checkpoint.pt")
             continue
-        log(f"training {name} to epoch {epoch} (serial solver, seed 0)")
+        log(f"training {name} to epoch {epoch} ({cfg.solver} solver, seed 0)")
         train(cfg.replace(epochs=epoch), run, resume=(run / "checkpoint.pt").exists(), log=log)
         shutil.copy(run / "checkpoint.pt", dest / "checkpoint.pt")
     cache_batches(folder)
@@ -171,9 +195,11 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def settings(args) -> dict[str, MGRIT]:
+def settings(args, model: str = "gru") -> dict[str, MGRIT]:
     out = {}
     for coarse in args.coarse:
+        if coarse == "implicit" and model == "lstm":
+            continue  # the LSTM has no implicit coarse step
         for m in args.cfactors:
             m = m if m == "auto" else int(m)
             for relax in args.relax:
@@ -232,7 +258,8 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
     auto_model.rnn.solver = Auto()
     for k in range(10):
         step(auto_model, *batches[k % len(batches)])
-    models = {"torch.nn.GRU": (torch_model, None), "serial": (model, MGRIT.serial())}
+    torch_name = TORCH_NAME[type(torch_model.rnn)]
+    models = {torch_name: (torch_model, None), "serial": (model, MGRIT.serial())}
     models["auto"] = (auto_model, None)
     models.update({label: (model, o) for label, o in opts.items()})
     with_solver(model, "serial")
@@ -263,7 +290,7 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
                 wait()
                 times[label].append(time.perf_counter() - start)
     serial = statistics.median(times["serial"])
-    torch_t = statistics.median(times["torch.nn.GRU"])
+    torch_t = statistics.median(times[torch_name])
     rows = []
     for label, ts in times.items():
         t = statistics.median(ts)
@@ -318,7 +345,9 @@ def summarise(data: dict) -> str:
     if rows:
         serial = {(r["dataset"], r["epoch"]): r["step_ms"] for r in rows if r["solver"] == "serial"}
         torch_ms = {
-            (r["dataset"], r["epoch"]): r["step_ms"] for r in rows if r["solver"] == "torch.nn.GRU"
+            (r["dataset"], r["epoch"]): r["step_ms"]
+            for r in rows
+            if r["solver"].startswith("torch.nn.")
         }
         ratio: dict[str, list[float]] = {}
         for r in rows:
@@ -329,8 +358,8 @@ def summarise(data: dict) -> str:
         out += ["| solver | mean | worst | best |", "|---|---|---|---|"]
         for label, v in sorted(ratio.items(), key=lambda kv: sum(kv[1])):
             out.append(f"| {label} | {sum(v) / len(v):.2f} | {max(v):.2f} | {min(v):.2f} |")
-        out += ["", "per checkpoint: ms per training step (x serial's speed, x torch.nn.GRU's):"]
-        out += ["", "| data | epoch | serial | torch.nn.GRU | auto | MGRIT() | MGRIT() fallbacks |"]
+        out += ["", "per checkpoint: ms per training step (x serial's speed, x torch's):"]
+        out += ["", "| data | epoch | serial | torch | auto | MGRIT() | MGRIT() fallbacks |"]
         out.append("|---|---|---|---|---|---|---|")
         default = "secant m=auto FCF"
         for d, e in sorted(serial):
@@ -352,7 +381,13 @@ def summarise(data: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument(
+        "--datasets",
+        nargs="+",
+        default=list(RECIPES),
+        choices=list(RECIPES) + list(LSTM_RECIPES),
+        help="checkpoint families: the GRUs (default) or the LSTMs (smnist-lstm acsf1-lstm)",
+    )
     p.add_argument("--cache", default="runs/trained-models", help="checkpoint folder")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--train-threads", type=int, default=2, help="threads to train checkpoints")
@@ -377,7 +412,6 @@ def main() -> None:
         torch.set_num_threads(args.train_threads)
         paths[name] = make_checkpoints(name, cache, args.train_threads)
     torch.set_num_threads(args.threads)
-    opts = settings(args)
     print(
         f"trained_models: threads={torch.get_num_threads()} batches={args.batches} "
         f"repeats={args.repeats} torch {torch.__version__}; tol auto (float32: 1e-5 on the "
@@ -395,11 +429,13 @@ def main() -> None:
         print(f"\nCycles to tol without guard (cap {CAP}; largest over the batches)")
         print(CYCLES_HEADER)
         for (name, epoch), (_, model, _, batches) in loaded.items():
+            opts = settings(args, model.rnn._cell.name)
             out["cycles"] += cycles_table(name, epoch, model, batches, opts)
     if not args.no_time:
         print("\nTraining step (forward + backward), medians; MGRIT rows as MGRIT(...) runs them")
         print(TIME_HEADER)
         for (name, epoch), (_, model, torch_model, batches) in loaded.items():
+            opts = settings(args, model.rnn._cell.name)
             out["time"] += time_table(name, epoch, model, torch_model, batches, opts, args.repeats)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -1,4 +1,5 @@
-"""``mgrit-gru bench``: torch.nn.GRU, the serial solver and MGRIT settings, timed side by side.
+"""``mgrit-gru bench``: torch.nn.GRU (or torch.nn.LSTM with ``--model lstm``), the serial
+solver and MGRIT settings, timed side by side.
 
 All rows of one sequence length are timed interleaved, repeat by repeat, in one process with a
 stated thread count; the table reports medians, ratios and each row's accuracy against the
@@ -21,12 +22,24 @@ import torch
 
 from . import memory
 from .app.config import parse_device
+from .lstm.module import LSTM
 from .module import GRU
 from .options import MGRIT, Auto, Budget, auto_cfactor
+
+# --model: torch's module and this library's
+MODELS = {"gru": (torch.nn.GRU, GRU), "lstm": (torch.nn.LSTM, LSTM)}
+
+
+def torch_row(model: str = "gru") -> str:
+    """The name of torch's row: ``torch.nn.GRU`` or ``torch.nn.LSTM``."""
+    return "torch.nn." + model.upper()
+
 
 # The module's default (solver="auto"), MGRIT's defaults, and the defaults before the trained-
 # model benchmark chose them (cfactor 32 with implicit coarse steps).
 DEFAULT_SETTINGS = ["auto", "default", "cfactor=32,coarse=implicit", "cfactor=128"]
+# The LSTM has no implicit coarse step: its rows are the frozen-gate map instead.
+LSTM_SETTINGS = ["auto", "default", "cfactor=32,coarse=frozen", "cfactor=128"]
 
 
 def parse_setting(spec: str):
@@ -80,12 +93,15 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def problem(T, batch, input_size, hidden, *, zbias=0.0, seed=0, dtype=None, device="cpu"):
-    """The benchmark's problem: a seeded random-init ``torch.nn.GRU`` (z-gate biases raised
-    by ``zbias``: long memory), input ``x`` and loss weights ``w_y``, ``w_h``."""
+def problem(
+    T, batch, input_size, hidden, *, zbias=0.0, seed=0, dtype=None, device="cpu", model="gru"
+):
+    """The benchmark's problem: a seeded random-init ``torch.nn.GRU`` or ``torch.nn.LSTM``
+    (``model``; the GRU's z-gate or the LSTM's forget-gate biases raised by ``zbias``: long
+    memory), input ``x`` and loss weights ``w_y``, ``w_h``."""
     dtype = dtype or torch.float32
     torch.manual_seed(seed)
-    ref = torch.nn.GRU(input_size, hidden, dtype=dtype, device=device)
+    ref = MODELS[model][0](input_size, hidden, dtype=dtype, device=device)
     if zbias:
         with torch.no_grad():
             ref.bias_hh_l0[hidden : 2 * hidden] += zbias
@@ -119,6 +135,8 @@ class Row:
         self.module.zero_grad(set_to_none=True)
         with self._amp(x):
             y, hn = self.module(x)
+            if isinstance(hn, tuple):  # an LSTM's (h_n, c_n): the loss reads h_n
+                hn = hn[0]
             y, hn = y.to(w_y.dtype), hn.to(w_h.dtype)  # an autocast row's may be bf16
             loss = (y * w_y).sum() + (hn * w_h).sum()
         loss.backward()
@@ -140,23 +158,26 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
         seed=args.seed,
         dtype=dtype,
         device=device,
+        model=getattr(args, "model", "gru"),
     )
+    model = getattr(args, "model", "gru")
+    ours, torch_name = MODELS[model][1], torch_row(model)
     amp = AUTOCAST.get(getattr(args, "autocast", None) or "")
     rows = []
     if not args.no_torch:
-        rows.append(Row("torch.nn.GRU", ref, autocast=amp))
-    rows.append(Row("serial", GRU.from_torch(ref, solver="serial"), autocast=amp))
+        rows.append(Row(torch_name, ref, autocast=amp))
+    rows.append(Row("serial", ours.from_torch(ref, solver="serial"), autocast=amp))
     for spec, opts in settings:
-        row = Row(describe(opts), GRU.from_torch(ref, solver=opts), opts, autocast=amp)
+        row = Row(describe(opts), ours.from_torch(ref, solver=opts), opts, autocast=amp)
         row.spec = spec
         rows.append(row)
     for row in rows:  # warm-up, and the accuracy reference outputs
         row.y, row.grads = row.train_step(x, w_y, w_h)
-        if isinstance(row.module, GRU):
+        if isinstance(row.module, (GRU, LSTM)):
             row.stats = row.module.last_stats
     exact = next(r for r in rows if r.name == "serial")
     if amp is not None:  # errors against the serial solve without autocast
-        exact = Row("serial fp32", GRU.from_torch(ref, solver="serial"))
+        exact = Row("serial fp32", ours.from_torch(ref, solver="serial"))
         exact.y, exact.grads = exact.train_step(x, w_y, w_h)
     for _ in range(args.repeats):
         for row in rows:
@@ -173,7 +194,7 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
             "solver": row.name,
             "fwd_s": statistics.median(row.fwd),
             "train_s": train,
-            "speedup_vs_torch": base["torch.nn.GRU"] / train if "torch.nn.GRU" in base else None,
+            "speedup_vs_torch": base[torch_name] / train if torch_name in base else None,
             "speedup_vs_serial": base["serial"] / train,
             "max_abs_y_err": (row.y - exact.y).abs().max().item(),
             "rel_grad_err": max(_rel(a.to(b.dtype), b) for a, b in zip(row.grads, exact.grads)),
@@ -183,8 +204,8 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
             "fell_back": row.stats.fell_back if row.stats else None,
             "peak_mb": peak,
             "peak_vs_torch": None
-            if peak is None or peaks.get("torch.nn.GRU") is None
-            else peak / peaks["torch.nn.GRU"],
+            if peak is None or peaks.get(torch_name) is None
+            else peak / peaks[torch_name],
             "options": repr(row.opts) if row.opts else None,
         }
         results.append(rec)
@@ -196,7 +217,8 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
     """The row's training-step peak memory (MB, a fresh process), or None when not asked."""
     if args.no_memory or row.autocast is not None or not memory.supported(args.device):
         return None
-    solver = {"torch.nn.GRU": "torch", "serial": "serial"}.get(row.name, "mgrit")
+    model = getattr(args, "model", "gru")
+    solver = {torch_row(model): "torch", "serial": "serial"}.get(row.name, "mgrit")
     return memory.step_peak_mb(
         solver,
         T,
@@ -209,6 +231,7 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
         seed=args.seed,
         zbias=args.zbias,
         setting=getattr(row, "spec", None),
+        model=model,
     )
 
 
@@ -264,6 +287,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[1024, 4096, 16384],
         help="sequence lengths (default: 1024 4096 16384)",
     )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="gru",
+        help="the recurrent layer: gru (against torch.nn.GRU) or lstm (torch.nn.LSTM) "
+        "(default gru)",
+    )
     p.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
     p.add_argument("--input", type=int, default=32, help="input features (default 32)")
     p.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
@@ -280,15 +310,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--zbias",
         type=float,
         default=0.0,
-        help="add this to every z-gate bias: long memory, the hard case (e.g. 3)",
+        help="add this to every z-gate (LSTM: forget-gate) bias: long memory, the hard case "
+        "(e.g. 3)",
     )
     p.add_argument(
         "--settings",
         nargs="+",
-        default=DEFAULT_SETTINGS,
-        help='MGRIT rows: "default" or "cfactor=16,relax=F,..." (default: %(default)s)',
+        default=None,
+        help='MGRIT rows: "default" or "cfactor=16,relax=F,..." (default: '
+        + " ".join(DEFAULT_SETTINGS)
+        + "; with --model lstm: "
+        + " ".join(LSTM_SETTINGS)
+        + ")",
     )
-    p.add_argument("--no-torch", action="store_true", help="skip the torch.nn.GRU row")
+    p.add_argument("--no-torch", action="store_true", help="skip torch's row")
     p.add_argument(
         "--no-memory",
         action="store_true",
@@ -342,18 +377,20 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
         raise ValueError(f"--time-parallel {args.time_parallel} but {tg.size} processes started")
     torch.set_num_threads(args.threads)
     T = args.T[0] if args.T != [1024, 4096, 16384] else 65536
-    opts = time_parallel_options(args.settings[0], T, args.batch, args.hidden)
+    opts = time_parallel_options((args.settings or ["auto"])[0], T, args.batch, args.hidden)
+    model = getattr(args, "model", "gru")
+    ours = MODELS[model][1]
     ref, x, w_y, w_h = problem(
-        T, args.batch, args.input, args.hidden, zbias=args.zbias, seed=args.seed
+        T, args.batch, args.input, args.hidden, zbias=args.zbias, seed=args.seed, model=model
     )
     rows = [
-        Row("serial", GRU.from_torch(ref, solver="serial")),
-        Row(f"{describe(opts)} 1 process", GRU.from_torch(ref, solver=opts)),
+        Row("serial", ours.from_torch(ref, solver="serial")),
+        Row(f"{describe(opts)} 1 process", ours.from_torch(ref, solver=opts)),
     ]
     pars = []
     for coarse in ("replicated", "root"):
         name = f"{describe(opts)} {tg.size} ranks, coarse {coarse}"
-        par = Row(name, GRU.from_torch(ref, solver=opts))
+        par = Row(name, ours.from_torch(ref, solver=opts))
         par.module.time_group = TimeGroup(tg.group, coarse=coarse)
         par.comm_share = []
         pars.append(par)
@@ -382,7 +419,8 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     base = statistics.median(rows[0].train)
     single = statistics.median(rows[1].train)
     print(
-        f"mgrit-gru bench --time-parallel {tg.size}: T={T} B={args.batch} input={args.input} "
+        f"mgrit-gru bench --time-parallel {tg.size}: {model} T={T} B={args.batch} "
+        f"input={args.input} "
         f"hidden={args.hidden} float32 threads/rank={torch.get_num_threads()} "
         f"repeats={args.repeats} zbias={args.zbias} torch {torch.__version__}"
     )
@@ -427,11 +465,14 @@ def run(args: argparse.Namespace) -> list[dict]:
         return run_time_parallel(args)
     if any(T < 1 for T in args.T):
         raise ValueError(f"--T values must be >= 1, got {args.T}")
+    if args.settings is None:
+        args.settings = LSTM_SETTINGS if args.model == "lstm" else DEFAULT_SETTINGS
     settings = [(s, parse_setting(s)) for s in args.settings]
     device = parse_device(args.device)
     torch.set_num_threads(args.threads)
     print(
-        f"mgrit-gru bench: B={args.batch} input={args.input} hidden={args.hidden} {args.dtype} "
+        f"mgrit-gru bench: {args.model} B={args.batch} input={args.input} "
+        f"hidden={args.hidden} {args.dtype} "
         f"threads={torch.get_num_threads()} repeats={args.repeats} zbias={args.zbias} "
         + (f"autocast={args.autocast} " if getattr(args, "autocast", None) else "")
         + f"torch {torch.__version__} on "

@@ -154,9 +154,11 @@ def _training_parser(sub, name: str, helptext: str, out_help: str, func):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mgrit-gru", description="GRU training parallel in time with MGRIT")
+    parser = _Parser(
+        prog="mgrit-gru", description="GRU and LSTM training parallel in time with MGRIT"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    p = sub.add_parser("bench", help="time torch.nn.GRU, serial and MGRIT side by side")
+    p = sub.add_parser("bench", help="time torch.nn.GRU (or LSTM), serial and MGRIT side by side")
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)
     p = sub.add_parser("calibrate", help="measure this machine's step costs for the cost model")
@@ -173,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _training_parser(
         sub,
         "train",
-        "train a GRU sequence classifier (default: smnist, MGRIT)",
+        "train a GRU or LSTM sequence classifier (default: a GRU on smnist, solver auto)",
         "run folder (default: runs/DATASET-SOLVER-TIME)",
         _train,
     )
@@ -181,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-speed-check",
         action="store_true",
-        help="skip the closing comparison of the training step against torch.nn.GRU and the "
+        help="skip the closing comparison of the training step against torch.nn.GRU (LSTM) and the "
         "serial solver (same batches, final weights)",
     )
     p = _training_parser(
@@ -191,7 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
         "folder for the runs and the report (default: runs/DATASET-compare-TIME)",
         _compare,
     )
-    p.add_argument("--with-torch", action="store_true", help="also train with torch.nn.GRU")
+    p.add_argument(
+        "--with-torch",
+        action="store_true",
+        help="also train with torch.nn.GRU (torch.nn.LSTM with --model lstm)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",

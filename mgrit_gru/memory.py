@@ -45,6 +45,7 @@ def step_peak_mb(
     seed: int = 0,
     zbias: float = 0.0,
     setting: Optional[str] = None,
+    model: str = "gru",
 ) -> float:
     """Peak memory (MB) of one training step of ``solver`` ("torch", "serial" or "mgrit" with
     ``setting``, a spec of :func:`mgrit_gru.bench.parse_setting`), in a fresh process."""
@@ -60,6 +61,7 @@ def step_peak_mb(
         seed=seed,
         zbias=zbias,
         setting=setting,
+        model=model,
     )
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True
@@ -80,8 +82,7 @@ def _status_mb(field: str) -> float:
 def _probe_main() -> None:
     import torch
 
-    from .bench import problem
-    from .module import GRU
+    from .bench import MODELS, problem
 
     spec = json.loads(sys.argv[1])
     torch.set_num_threads(spec["threads"])
@@ -95,16 +96,18 @@ def _probe_main() -> None:
         seed=spec["seed"],
         dtype=dtype,
         device=device,
+        model=spec.get("model", "gru"),
     )
+    ours = MODELS[spec.get("model", "gru")][1]
     x.requires_grad_()
     if spec["solver"] == "torch":
         model = ref
     elif spec["solver"] == "serial":
-        model = GRU.from_torch(ref, solver="serial")
+        model = ours.from_torch(ref, solver="serial")
     else:
         from .bench import parse_setting
 
-        model = GRU.from_torch(ref, solver=parse_setting(spec["setting"] or "default"))
+        model = ours.from_torch(ref, solver=parse_setting(spec["setting"] or "default"))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -114,6 +117,8 @@ def _probe_main() -> None:
             f.write("5")  # the high-water mark := the current resident set
         base = _status_mb("VmRSS")
     y, h_n = model(x)
+    if isinstance(h_n, tuple):  # an LSTM's (h_n, c_n)
+        h_n = h_n[0]
     ((y * w_y).sum() + (h_n * w_h).sum()).backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

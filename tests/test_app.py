@@ -459,3 +459,58 @@ def test_pooling_equals_a_torch_gru_classifier(pool, varlen, solver):
         grads.append([logits, *torch.autograd.grad(loss, [xi, *model.parameters()])])
     for a, b in zip(*grads):
         assert (a - b).abs().max() < (1e-12 if solver == "serial" else 1e-8)
+
+
+def test_lstm_trains_resumes_evaluates_and_compares(tmp_path, capsys):
+    """--model lstm through the whole application: a run with the closing speed check (whose
+    reference row is torch.nn.LSTM), an exact resume, eval, and a comparison with torch's
+    module; the LSTM's forget-gate bias gets --update-bias."""
+    small = {**SMALL, "model": "lstm", "layers": 2, "schedule": "constant", "pool": "last"}
+    run = tmp_path / "run"
+    argv = ["train", *flags({**small, "epochs": 1}), "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "torch.nn.LSTM" in out and "torch.nn.GRU" not in out
+    state = load_checkpoint(run)
+    assert (
+        "rnn.weight_hh_l1" in state["model"] and state["model"]["rnn.weight_hh_l0"].shape[0] == 32
+    )
+    bias = state["config"]["update_bias"]
+    straight = train(
+        TrainConfig(**{**small, "epochs": 2}), tmp_path / "a", progress=False, log=lambda *a: None
+    )
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    resumed = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test_acc"] for r in straight] == [r["test_acc"] for r in resumed]
+    assert main(["eval", str(run)]) == 0
+    compare = tmp_path / "cmp"
+    argv = ["compare", *flags({**small, "epochs": 1}), "--with-torch", "--out", str(compare)]
+    assert main([*argv, "--no-progress"]) == 0
+    report = (compare / "report.md").read_text()
+    assert "Same model (LSTM)" in report and "| torch |" in report
+    # the initial forget-gate bias (rows H..2H of bias_hh) carries --update-bias
+    torch.manual_seed(0)
+    from mgrit_gru.app.train import Classifier
+
+    model = Classifier(TrainConfig(**small), 2, 10)
+    f = model.rnn.bias_hh_l0[8:16]
+    assert bias == 2.0 and f.min() > 2.0 - 1 / 8**0.5 - 1e-6
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--cell", "implicit"], "--model lstm: --cell implicit exist for the GRU only"),
+        (["--coarse", "implicit"], "--coarse implicit exist for the GRU only"),
+        (
+            ["--budget-forward", "2", "--budget-backward", "1", "--budget-gradient", "unrolled"],
+            "--budget-gradient unrolled exist for the GRU only",
+        ),
+    ],
+)
+def test_lstm_refuses_gru_only_options(extra, message, capsys, tmp_path):
+    argv = ["train", *flags(SMALL), "--model", "lstm", *extra, "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

@@ -153,6 +153,23 @@ LSTM_CASES = [
 ]
 
 
+def _lstm_run(module, x, state0, wy, wh, loss_h, lengths):
+    """Outputs and every gradient of one LSTM call (torch's takes the lengths packed)."""
+    x = x.detach().clone().requires_grad_()
+    state = [t.clone().requires_grad_() for t in state0]
+    if isinstance(module, torch.nn.LSTM) and lengths is not None:
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        y, (hn, cn) = module(packed, tuple(state))
+        y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]
+    elif isinstance(module, torch.nn.LSTM):
+        y, (hn, cn) = module(x, tuple(state))
+    else:
+        y, (hn, cn) = module(x, tuple(state), lengths=lengths)
+    ((y * wy).sum() + ((hn + cn) * wh).sum() * loss_h).backward()
+    grads = [x.grad, state[0].grad, state[1].grad] + [p.grad for p in module.parameters()]
+    return [y.detach(), hn.detach(), cn.detach()] + grads
+
+
 def _lstm_time_parallel(tg, rank: int, size: int) -> None:
     """mgrit_gru.LSTM on a time group equals one process's and torch.nn.LSTM's (outputs, h_n,
     c_n, every gradient); each rank's trace is the expansion of one process's."""
@@ -173,29 +190,13 @@ def _lstm_time_parallel(tg, rank: int, size: int) -> None:
         wy, wh = torch.randn(T, B, D * 5), torch.randn(D * layers, B, 5)
         lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
 
-        def run(module, x, wy, loss_h):
-            x = x.detach().clone().requires_grad_()
-            state = [t.clone().requires_grad_() for t in (h0, c0)]
-            if isinstance(module, torch.nn.LSTM) and lengths is not None:
-                packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
-                y, (hn, cn) = module(packed, tuple(state))
-                y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=T)[0]
-            else:
-                y, (hn, cn) = (
-                    module(x, tuple(state), lengths=lengths)
-                    if lengths is not None
-                    else module(x, tuple(state))
-                )
-            ((y * wy).sum() + ((hn + cn) * wh).sum() * loss_h).backward()
-            grads = [x.grad, state[0].grad, state[1].grad] + [p.grad for p in module.parameters()]
-            return [y.detach(), hn.detach(), cn.detach()] + grads
-
         with trace.record(steps=T, cfactor=m) as single_trace:
-            want = run(single, x, wy, 1.0)
-        for a, b in zip(want, run(ref, x, wy, 1.0)):
+            want = _lstm_run(single, x, (h0, c0), wy, wh, 1.0, lengths)
+        for a, b in zip(want, _lstm_run(ref, x, (h0, c0), wy, wh, 1.0, lengths)):
             assert (a - b).abs().max() < 1e-8, (T, bidir, varlen, opts)
         with trace.record() as rank_trace:
-            got = run(multi, scatter_time(x, tg, m), scatter_time(wy, tg, m), float(rank == 0))
+            xs, wys = scatter_time(x, tg, m), scatter_time(wy, tg, m)
+            got = _lstm_run(multi, xs, (h0, c0), wys, wh, float(rank == 0), lengths)
         assert comparable(rank_trace.events) == comparable(expand(single_trace, size)[rank])
         for k in (0, 3):  # y and dx are this rank's slices
             got[k] = gather_time(got[k], tg, T, m)

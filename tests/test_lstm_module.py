@@ -257,3 +257,30 @@ def test_lstm_float32_default_solver():
     y_ref.sum().backward()
     assert (y - y_ref).abs().max() < 1e-4
     assert (grad - x.grad).norm() / x.grad.norm() < 1e-4
+
+
+def test_serial_forward_runs_torchs_kernel_and_survives_a_refusal(monkeypatch):
+    """The serial forward runs torch's LSTM kernel (its c rebuilt from the h's, equal to
+    the step-by-step c) and the serial adjoint its backward; where cuDNN refuses a shape the
+    library's own loops solve them."""
+    torch.manual_seed(6)
+    ref = torch.nn.LSTM(3, 5)
+    ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
+    x, h0, c0 = torch.randn(1500, 2, 3), torch.randn(1, 2, 5), torch.randn(1, 2, 5)
+    wy, wh, wc = torch.randn(1500, 2, 5), torch.randn(1, 2, 5), torch.randn(1, 2, 5)
+    calls = []
+    real = torch._VF.lstm
+    monkeypatch.setattr(torch._VF, "lstm", lambda *a: calls.append(1) or real(*a))
+    want = _run(ref, x, h0, c0, wy, wh, wc)
+    calls.clear()
+    for got, w in zip(_run(ours, x, h0, c0, wy, wh, wc), want):  # c_n, every gradient
+        assert (got - w).abs().max() < 1e-10
+    assert len(calls) == 2  # torch's kernel ran the forward, and again for its backward
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.")
+
+    monkeypatch.setattr(torch._VF, "lstm", refuse)
+    ours.zero_grad()
+    for got, w in zip(_run(ours, x, h0, c0, wy, wh, wc), want):
+        assert (got - w).abs().max() < 1e-10

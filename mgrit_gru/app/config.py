@@ -99,35 +99,34 @@ class TrainConfig:
     )
     max_train: Optional[int] = _opt(None, "train on the first N training sequences only")
     max_test: Optional[int] = _opt(None, "evaluate on the first N test sequences only")
-    hidden: int = _opt(64, "hidden units per GRU layer and direction")
-    layers: int = _opt(1, "stacked GRU layers")
-    bidirectional: bool = _opt(False, "a second GRU direction that reads the sequence backward")
+    model: str = _opt(
+        "gru",
+        "the recurrent layers: gru (mgrit_gru.GRU) or lstm (mgrit_gru.LSTM: the same solver "
+        "options but the GRU-only --cell implicit, --coarse implicit and --budget-gradient "
+        "unrolled)",
+        "gru",
+        "lstm",
+    )
+    hidden: int = _opt(64, "hidden units per recurrent layer and direction")
+    layers: int = _opt(1, "stacked recurrent layers")
+    bidirectional: bool = _opt(False, "a second direction that reads the sequence backward")
     dropout: float = _opt(
         0.0,
-        "dropout probability on the outputs of every GRU layer but the last (needs "
+        "dropout probability on the outputs of every recurrent layer but the last (needs "
         "--layers >= 2, as in torch.nn.GRU)",
     )
     update_bias: float = _opt(
         2.0,
-        "added at initialisation to every GRU layer's update-gate bias (b_hz): the initial "
-        "network then keeps its state longer (sigmoid(2) = 0.88 of it per step), which "
-        "shortens the loss plateau of long sequences; 0: torch.nn.GRU's initialisation",
+        "added at initialisation to every layer's update-gate bias (GRU: b_hz; LSTM: the "
+        "forget gate's b_hf): the initial network then keeps its state longer (sigmoid(2) = "
+        "0.88 of it per step), which shortens the loss plateau of long sequences; 0: torch's "
+        "initialisation",
     )
     cell: str = _opt(
         "classic",
         "the GRU's update: classic (torch.nn.GRU) or implicit (Moon & Cyr 2022)",
         "classic",
         "implicit",
-    )
-    solver: str = _opt(
-        "auto",
-        "how the GRU is solved: auto (MGRIT or the serial solve per layer and pass, whichever "
-        "the cost model says is faster), mgrit (always MGRIT), serial (exact sequential, same "
-        "kernels) or torch (torch.nn.GRU, as a reference)",
-        "auto",
-        "mgrit",
-        "serial",
-        "torch",
     )
     pool: str = _opt(
         "mean",
@@ -136,6 +135,16 @@ class TrainConfig:
         "last",
         "mean",
         "max",
+    )
+    solver: str = _opt(
+        "auto",
+        "how the recurrent layers are solved: auto (MGRIT or the serial solve per layer and "
+        "pass, whichever the cost model says is faster), mgrit (always MGRIT), serial (exact "
+        "sequential, same kernels) or torch (torch.nn.GRU / torch.nn.LSTM, as a reference)",
+        "auto",
+        "mgrit",
+        "serial",
+        "torch",
     )
     cfactor: Union[int, str] = _opt(
         "auto",
@@ -299,6 +308,19 @@ class TrainConfig:
                 "a budget (--budget-forward/--budget-backward) needs --solver mgrit: the "
                 "automatic choice solves to a tolerance"
             )
+        if self.model == "lstm":
+            gru_only = {
+                "--cell implicit": self.cell == "implicit",
+                "--coarse implicit": self.coarse == "implicit" and self.solver != "serial",
+                "--budget-gradient unrolled": self.budget is not None
+                and self.budget_gradient == "unrolled",
+            }
+            asked = [flag for flag, given in gru_only.items() if given]
+            if asked:
+                raise ValueError(
+                    f"--model lstm: {', '.join(asked)} exist for the GRU only (the LSTM has no "
+                    "implicit step): use --coarse secant or frozen and --budget-gradient adjoint"
+                )
         self.solver_options()  # MGRIT validates its own fields
         if self.time_parallel > 1 and self.solver == "torch":
             raise ValueError("--time-parallel needs --solver mgrit or serial")
@@ -405,17 +427,32 @@ def float_or_auto(text: str) -> Union[float, str]:
     return "auto" if text == "auto" else float(text)
 
 
+# --help's groups: the field that opens each (the fields follow in the dataclass's order).
+GROUPS = {
+    "dataset": "data",
+    "model": "model",
+    "solver": "solver",
+    "budget_forward": "fixed cycle budget (instead of a tolerance)",
+    "eval_serial": "solver details",
+    "optimizer": "optimisation",
+    "device": "machine and time-parallel ranks",
+}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--flag`` per TrainConfig field. Flags not given stay absent from the namespace, so
-    the caller can tell which were given (for --resume)."""
+    """One ``--flag`` per TrainConfig field, in the named groups of ``GROUPS``. Flags not given
+    stay absent from the namespace, so the caller can tell which were given (for --resume)."""
+    group = parser
     for f in fields(TrainConfig):
+        if f.name in GROUPS:
+            group = parser.add_argument_group(GROUPS[f.name])
         flag = "--" + _flag(f.name)
         default = f.default
         helptext = f.metadata.get("help", "")
         shown = "none" if default is None else default
         helptext = f"{helptext} (default: {shown})".strip()
         if f.type in ("bool", bool):
-            parser.add_argument(
+            group.add_argument(
                 flag,
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
@@ -435,7 +472,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["type"] = _parse_optional(kind[inner])
         else:
             kwargs["type"] = kind[str(f.type)]
-        parser.add_argument(flag, **kwargs)
+        group.add_argument(flag, **kwargs)
 
 
 def given_overrides(args: argparse.Namespace) -> dict:

@@ -204,12 +204,18 @@ def _residual_cell(row: dict, direction: str) -> str:
     return cell + (f" (fell back {fell_back})" if fell_back else "")
 
 
+def _torch_name(model: str) -> str:
+    """torch's module of a run's ``--model``: torch.nn.GRU or torch.nn.LSTM."""
+    return "torch.nn." + model.upper()
+
+
 def speed_text(speed: dict) -> str:
     """The speed check as a sentence and a table (report.md)."""
     if "skipped" in speed:
         return f"Speed check skipped ({speed['skipped']}); the training itself finished."
     ms, own = speed["step_ms"], speed["solver"]
-    names = {"torch": "torch.nn.GRU", "serial": "serial solver", "mgrit": "MGRIT", "auto": "auto"}
+    names = {"torch": _torch_name(speed.get("model", "gru")), "serial": "serial solver"}
+    names.update(mgrit="MGRIT", auto="auto")
     rows = [f"| {names.get(n, n)} | {t:.1f} | {t / ms[own]:.2f}x |" for n, t in ms.items()]
     text = (
         f"One training step (forward and backward of the loss) on the first {speed['batches']} "
@@ -262,7 +268,8 @@ def write_compare_report(
         "",
         dataset,
         "",
-        "Same model, initial weights, data order and seed; only the GRU solver differs. Times "
+        f"Same model ({cfg.model.upper()}), initial weights, data order and seed; only the "
+        "solver differs. Times "
         "are the training epochs' (evaluation aside); a speed-up is the other's time over "
         f"{own}'s. The solvers' epochs alternate (epoch 1 of each, then epoch 2, ...), so a "
         "change in the machine's speed falls on all of them alike.",
@@ -395,13 +402,13 @@ def write_seeds_report(
     if with_torch:
         exact = [final_acc(k, "serial") - final_acc(k, "torch") for k in seeds]
         lines.append(
-            f"- serial minus torch.nn.GRU (two exact solvers): {_spread(exact, True)} "
+            f"- serial minus {_torch_name(cfg.model)} (two exact solvers): {_spread(exact, True)} "
             "percentage points"
         )
     lines.append(f"- {own}'s speed-up over serial (total training time): {_spread(speedups)}x")
     lines.append(f"- slowest epoch of {own} against serial's: {_spread(worst)}x")
     if with_torch:
-        lines.append(f"- {own}'s speed-up over torch.nn.GRU: {_spread(over_torch)}x")
+        lines.append(f"- {own}'s speed-up over {_torch_name(cfg.model)}: {_spread(over_torch)}x")
     if n > 1:
         sem = statistics.stdev(gaps) / n**0.5
         lines += [

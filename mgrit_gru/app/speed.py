@@ -1,5 +1,6 @@
-"""The speed a run got: its training step against torch.nn.GRU's and the serial solver's, on the
-same batches with the same (final) weights, timed interleaved in one process."""
+"""The speed a run got: its training step against torch's (torch.nn.GRU or torch.nn.LSTM) and
+the serial solver's, on the same batches with the same (final) weights, timed interleaved in
+one process."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..module import GRU
+from ..layer.module import Recurrent
 from ..options import MGRIT
 
 
@@ -22,7 +23,7 @@ def _step(model, x, lengths, y) -> None:
 def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
     """Median time of one training step (forward and backward of the loss; no optimiser step)
     of ``model`` as trained (its solver and what it has learnt, on a copy), of the same
-    weights with the serial solver and with ``torch.nn.GRU``, over the first ``batches``
+    weights with the serial solver and with torch's module, over the first ``batches``
     training batches, interleaved ``repeats`` times. Returns the times and ratios."""
     from .train import Classifier, _lengths
 
@@ -58,17 +59,23 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
                 _step(m, xb, lengths, yb)
                 times[name].append(time.perf_counter() - start)
                 stats = getattr(m.rnn, "last_stats", None)
-                if name == cfg.solver and isinstance(m.rnn, GRU) and stats is not None:
+                if name == cfg.solver and isinstance(m.rnn, Recurrent) and stats is not None:
                     done, total = stats.mgrit_share
                     share[0] += done
                     share[1] += total
     why = None
-    if cfg.solver == "auto" and share[1] and share[0] < share[1] and isinstance(model.rnn, GRU):
+    if (
+        cfg.solver == "auto"
+        and share[1]
+        and share[0] < share[1]
+        and isinstance(model.rnn, Recurrent)
+    ):
         why = _why_serial(models[cfg.solver], work[0])
     ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
     own = ms[cfg.solver]
     result = {
         "solver": cfg.solver,
+        "model": cfg.model,
         "batches": count,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
@@ -107,7 +114,8 @@ def speed_line(result: dict) -> str:
         return f"speed: check skipped ({result['skipped']})"
     ms, own = result["step_ms"], result["solver"]
     parts = [f"{own} {ms[own]:.1f} ms"]
-    for name, label in (("torch", "torch.nn.GRU"), ("serial", "serial")):
+    torch_name = "torch.nn." + result.get("model", "gru").upper()
+    for name, label in (("torch", torch_name), ("serial", "serial")):
         if name in ms and name != own:
             parts.append(f"{label} {ms[name]:.1f} ms ({ms[name] / ms[own]:.2f}x)")
     text = (

@@ -1,4 +1,5 @@
-"""Training GRU sequence classifiers: the loop, metrics, atomic checkpoints, exact resume."""
+"""Training GRU and LSTM sequence classifiers: the loop, metrics, atomic checkpoints, exact
+resume."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..layer.module import Recurrent
+from ..lstm.module import LSTM
 from ..module import GRU
 from ..options import MGRIT
 from .config import NOT_TRAINING, TrainConfig, parse_device, same_device
@@ -40,26 +43,31 @@ class Interrupted(Exception):
 
 
 class Classifier(nn.Module):
-    """GRU layers, then a linear head on the last layer's final state (both directions), or
-    on the mean or max of its outputs over each sequence's own steps (``--pool``)."""
+    """GRU or LSTM layers (``--model``), then a linear head on the last layer's final state h
+    (both directions), or on the mean or max of its outputs over each sequence's own steps
+    (``--pool``)."""
 
     def __init__(self, cfg: TrainConfig, features: int, classes: int, time_group=None) -> None:
         super().__init__()
         shape = dict(batch_first=True, dropout=cfg.dropout, bidirectional=cfg.bidirectional)
         args = (features, cfg.hidden, cfg.layers)
-        rnn = GRU(*args, **shape, solver=cfg.solver_options(), cell=cfg.cell, time_group=time_group)
+        solver = cfg.solver_options()
+        if cfg.model == "lstm":
+            rnn = LSTM(*args, **shape, solver=solver, time_group=time_group)
+        else:
+            rnn = GRU(*args, **shape, solver=solver, cell=cfg.cell, time_group=time_group)
         self.time_group, self.pool = time_group, cfg.pool
         if cfg.solver == "torch":  # same initial weights as the MGRIT/serial models
             if cfg.cell != "classic":
                 raise RunError("--solver torch supports only --cell classic")
             with torch.random.fork_rng(devices=[]):  # leave the head's init unchanged
-                torch_rnn = nn.GRU(*args, **shape)
+                torch_rnn = rnn._TORCH(*args, **shape)
             torch_rnn.load_state_dict(rnn.state_dict())
             rnn = torch_rnn
         self.rnn = rnn
         self.directions = 2 if cfg.bidirectional else 1
         self.head = nn.Linear(cfg.hidden * self.directions, classes)
-        if cfg.update_bias:  # a longer initial memory: b_hz's update-gate block (rows H..2H)
+        if cfg.update_bias:  # a longer initial memory: rows H..2H, the GRU's z, the LSTM's f
             with torch.no_grad():
                 for name, p in self.rnn.named_parameters():
                     if name.startswith("bias_hh"):
@@ -77,12 +85,14 @@ class Classifier(nn.Module):
                 return self.head(reduce(y, self.time_group, x.shape[1], m, lengths))
         elif lengths is None:
             y, h_n = self.rnn(x)
-        elif isinstance(self.rnn, GRU):
+        elif isinstance(self.rnn, Recurrent):
             y, h_n = self.rnn(x, lengths=lengths)
         else:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             y, h_n = self.rnn(packed)
             y, _ = pad_packed_sequence(y, batch_first=True, total_length=x.shape[1])
+        if isinstance(h_n, tuple):  # an LSTM's (h_n, c_n): the head reads h
+            h_n = h_n[0]
         return self.head(pooled(self.pool, y, h_n, lengths, self.directions))
 
 
@@ -250,7 +260,8 @@ def evaluate(model: Classifier, x, y, lengths, batch_size: int, device) -> tuple
 
 
 def evaluate_serially(model: Classifier, data, cfg: TrainConfig, device) -> tuple[float, float]:
-    """:func:`evaluate` with the model's GRU solved exactly (its own solver untouched)."""
+    """:func:`evaluate` with the model's recurrent layers solved exactly (its own solver
+    untouched)."""
     with model.rnn.using(MGRIT.serial()):
         return evaluate(model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device)
 
@@ -309,7 +320,7 @@ def save_checkpoint(
         "rng": torch.get_rng_state(),
         "history": history,
     }
-    if isinstance(model.rnn, GRU):  # what solver="auto" has learnt: a resume continues it
+    if isinstance(model.rnn, Recurrent):  # what solver="auto" has learnt: a resume continues it
         state["solver_state"] = model.rnn.solver_state()
     if partial is not None:
         state["partial"] = partial
@@ -443,7 +454,7 @@ def train(
         except (RuntimeError, ValueError, KeyError) as exc:
             raise RunError(f"checkpoint in {run} does not fit the model: {exc}") from exc
         torch.set_rng_state(state["rng"])
-        if isinstance(model.rnn, GRU):
+        if isinstance(model.rnn, Recurrent):
             model.rnn.load_solver_state(state.get("solver_state", {}))
         history, start = list(state["history"]), int(state["epoch"])
         partial = state.get("partial")
@@ -660,7 +671,7 @@ def measure_speed(cfg: TrainConfig, run: Path) -> dict:
     data = load_data(cfg)
     model = Classifier(cfg, data.features, data.num_classes).to(_device(cfg))
     model.load_state_dict(state["model"])
-    if isinstance(model.rnn, GRU):
+    if isinstance(model.rnn, Recurrent):
         model.rnn.load_solver_state(state.get("solver_state", {}))
     return speed_check(cfg, model, data)
 

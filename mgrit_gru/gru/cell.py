@@ -255,6 +255,7 @@ class GRUCell:
             raise ValueError(f"GRU: unknown cell={kind!r}; choose one of {CELLS}")
         self.kind = kind
         self.fused = kind == "classic"  # torch's loop is the classic GRU
+        self.fused_adjoint = False  # the library's adjoint loop beats torch's backward here
 
     def __repr__(self) -> str:
         return f"GRUCell({self.kind!r})"
@@ -290,6 +291,9 @@ class GRUCell:
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
+
+    def fused_vjp(self, *args) -> None:
+        return None
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
         from . import reference

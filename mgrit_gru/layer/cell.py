@@ -41,6 +41,7 @@ class Cell(Protocol):
     coeffs: int  # blocks of H in C
     extra: int  # blocks of H in Linearisation.extra (0: None)
     fused: bool  # fused_forward may run this cell's serial forward
+    fused_adjoint: bool  # fused_vjp may run this cell's serial adjoint
     implicit: Optional[Cell]  # the variant that steps an Implicit coarse level, or None
 
     def fold_bias(self, b_ih: Optional[Tensor], b_hh: Optional[Tensor], H: int):
@@ -65,6 +66,11 @@ class Cell(Protocol):
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         """All points ``(T + 1, B, state * H)`` by a library kernel, or None (refused)."""
+
+    def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
+        """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by a library kernel's own
+        backward, from the gradients of the states after every step (their other blocks
+        than h zero) and of the last state; None where the kernel refuses the shape."""
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask) -> tuple[Tensor, Tensor]:
         """``(states (T, B, state * H), u_n)`` in plain autograd code, step by step."""

@@ -575,10 +575,12 @@ def reversed_forcing(
 class Adjoint:
     """The solved adjoint of one layer, in reversed time: ``lam_k = lam_rev[T - k]``."""
 
-    lam_rev: Tensor  # (T + 1, B, S)
-    C_rev: Tensor  # (T, B, coeffs * H) fine coefficients, reversed
+    lam_rev: Optional[Tensor]  # (T + 1, B, S)
+    C_rev: Optional[Tensor]  # (T, B, coeffs * H) fine coefficients, reversed
     extra: Optional[Tensor]  # (T, B, extra * H) forward order: the cell's (GRU: A_n)
     stats: SolveStats
+    # torch's kernel solved it: (dx, du0, dW_ih, dW_hh, db_ih, db_hh) instead of lam
+    grads: Optional[tuple] = None
 
     def blocks(self, T: int, B: int):
         """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and the cell's extra in
@@ -631,11 +633,21 @@ def adjoint_solve(
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
     trace.phase("backward", reverse=not reverse)
-    with trace.bulk("coefficients", T * B, H, x):
-        D_rev, C_rev, A_n = fine_coefficients(
-            points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
-        )
-    hier.release_kept()
+    fused = _fused_adjoint(cell, x, w_hh, mask, tg, d_out)
+    state: dict = {}
+
+    def coefficients() -> tuple:
+        """The fine steps' adjoint coefficients (not needed where torch's kernel solves)."""
+        if "coefficients" not in state:
+            with trace.bulk("coefficients", T * B, H, x):
+                state["coefficients"] = fine_coefficients(
+                    points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
+                )
+            hier.release_kept()
+        return state["coefficients"]
+
+    if not fused:
+        coefficients()  # here, as a trace of ranks expects them
     # dL/dy at a slice's first point was the previous rank's last output (None on the first)
     forward_order = LocalComm(reverse) if tg is None else tg.comm(reverse=reverse)
     f_first = forward_order.shift(d_out[T - 1])
@@ -647,7 +659,6 @@ def adjoint_solve(
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
-    state: dict = {}
 
     def coarse_ops(grids: list[Grid]) -> list:
         if "ops" not in state:
@@ -662,8 +673,15 @@ def adjoint_solve(
     rule = _stopping(options, "backward", mgrit_grids, x)
 
     def run(grids: list[Grid]) -> SolveResult:
+        if len(grids) == 1 and fused:
+            grads = cell.fused_vjp(x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last)
+            if grads is not None:  # else cuDNN refused the shape: the library's loop
+                meter.add("fused", B, T, level=trace.SERIAL)
+                state["grads"] = grads
+                return SolveResult(f_T.new_empty(0), f_T)
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
+        D_rev, C_rev, _ = coefficients()
         D, C = D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M]
         fine_op = AdjointStep(fine, D, C, w_hh, cell, meter)
         ops = [fine_op] + (coarse_ops(grids) if len(grids) > 1 else [])
@@ -691,10 +709,27 @@ def adjoint_solve(
     grids, result, stats = solve_guarded(
         "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
     )
+    if "grads" in state:
+        hier.release_kept()
+        return Adjoint(None, None, None, stats, state["grads"])
     Mg, off_g = grids[0].M, grids[0].off
     lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
-    return Adjoint(lam_rev, C_rev[off : off + T], A_n, stats)
+    _, C_rev, extra = coefficients()
+    return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)
+
+
+def _fused_adjoint(cell: Cell, x: Tensor, w_hh: Tensor, mask, tg, d_out: Tensor) -> bool:
+    """Whether a serial adjoint of this layer runs torch's own backward kernel (a cell with
+    one, in one process, every step real, the shapes where its fused forward runs, and no
+    gradient on the output's other state blocks: torch's kernel takes one on h only). Not
+    while a trace records: a trace stands for ranks, which run the library's loop."""
+    if not cell.fused_adjoint or mask is not None or tg is not None or trace.active():
+        return False
+    if x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] > FUSED_MAX:
+        return False
+    H = w_hh.shape[1]
+    return d_out.shape[-1] == H or not bool(d_out[..., H:].any())
 
 
 def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter):

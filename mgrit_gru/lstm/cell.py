@@ -135,42 +135,44 @@ def linearise_kept(u: Tensor, kept: Tensor, dt=None, out_C=None) -> Linearisatio
     return _coefficients(u, kept, dt, out_C)
 
 
-def _gate_grads(lam_h: Tensor, lam_c: Tensor, C: Tensor, out: Optional[Tensor]) -> Tensor:
-    """``d = [C_i s, C_f s, C_g s, C_o lam_h]``, ``s = lam_c + A lam_h`` ``(..., 4H)``."""
-    H = lam_h.shape[-1]
-    A, C_i, C_f, C_g, C_o = C.split(H, dim=-1)
+def _gate_grads(lam: Tensor, C: Tensor, out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``d = [C_i s, C_f s, C_g s, C_o lam_h]`` ``(rows, 4, H)`` and ``s = lam_c + A lam_h``
+    ``(rows, H)`` for adjoints ``lam`` ``(..., 2H)``. Rows of one step's units are views
+    (``unbind``): at a small batch each operation's call costs more than its arithmetic."""
+    rows, H = lam.numel() // lam.shape[-1], lam.shape[-1] // 2
+    lam_h, lam_c = lam.reshape(rows, 2, H).unbind(1)
+    A, C_i, C_f, C_g, C_o = C.reshape(rows, COEFFS, H).unbind(1)
     s = torch.addcmul(lam_c, A, lam_h)
-    d = lam_h.new_empty((*lam_h.shape[:-1], 4 * H)) if out is None else out
-    torch.mul(
-        C[..., H : 4 * H].reshape(*s.shape[:-1], 3, H),
-        s.unsqueeze(-2),
-        out=d[..., : 3 * H].view(*s.shape[:-1], 3, H),
-    )
-    torch.mul(C_o, lam_h, out=d[..., 3 * H :])
-    return d
+    d = lam.new_empty((rows, 4, H)) if out is None else out.view(rows, 4, H)
+    d_i, d_f, d_g, d_o = d.unbind(1)
+    torch.mul(C_i, s, out=d_i)
+    torch.mul(C_f, s, out=d_f)
+    torch.mul(C_g, s, out=d_g)
+    torch.mul(C_o, lam_h, out=d_o)
+    return d, s
 
 
 def adjoint_step(lam: Tensor, D: Tensor, C: Tensor, w_hh: Tensor, out=None) -> Tensor:
     """``J^T lam`` for adjoints ``lam`` ``(..., 2H)`` (``[lam_h', lam_c']``) of steps with
     coefficients ``D``, ``C`` (:func:`linearise`)."""
     H = w_hh.shape[1]
-    lead, rows = lam.shape[:-1], lam.numel() // lam.shape[-1]
-    lam_h, lam_c = lam[..., :H], lam[..., H:]
-    d = _gate_grads(lam_h, lam_c, C, None)
-    new = lam.new_empty((rows, 2 * H)) if out is None else out.view(rows, 2 * H)
-    direct = (D[..., :H] * lam_h).reshape(rows, H)
-    torch.addmm(direct, d.reshape(rows, 4 * H), w_hh, out=new[:, :H])
-    s = torch.addcmul(lam_c, C[..., :H], lam_h)
-    torch.mul(D[..., H:], s, out=new[:, H:].view(*lead, H))
-    return new.view(*lead, 2 * H) if out is None else out
+    rows = lam.numel() // lam.shape[-1]
+    d, s = _gate_grads(lam, C, None)
+    D_h, D_c = D.reshape(rows, 2, H).unbind(1)
+    new = lam.new_empty(lam.shape) if out is None else out
+    new_h, new_c = new.view(rows, 2, H).unbind(1)
+    direct = torch.mul(D_h, lam.reshape(rows, 2, H)[:, 0])
+    torch.addmm(direct, d.view(rows, 4 * H), w_hh, out=new_h)
+    torch.mul(D_c, s, out=new_c)
+    return new
 
 
 def gate_grads(lam_next: Tensor, C: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """The gradient of the gate pre-activations ``(..., 4H)`` of steps whose outputs'
     adjoints are ``lam_next`` ``(..., 2H)``: the rows of ``dW_ih = d^T x``, ``dW_hh = d^T h``,
     ``db = sum d``, ``dx = d W_ih``."""
-    H = lam_next.shape[-1] // 2
-    return _gate_grads(lam_next[..., :H], lam_next[..., H:], C, out)
+    d, _ = _gate_grads(lam_next, C, out)
+    return d.view(*lam_next.shape[:-1], d.shape[1] * d.shape[2])
 
 
 def reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask=None) -> tuple[Tensor, Tensor]:
@@ -192,15 +194,85 @@ def reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask=None) -> tuple[Tensor, T
     return torch.stack(out), u
 
 
+def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh, block: int = 1024) -> Optional[Tensor]:
+    """All points ``(T + 1, B, 2H)`` of the serial forward, h by ``torch._VF.lstm`` (the kernel
+    of ``torch.nn.LSTM``), which returns h at every step but c only at the end; c at every
+    step is then rebuilt from the h's: the gates of all steps are one GEMM (per block of
+    ``block`` steps) and ``c_{t+1} = f_t c_t + i_t g_t`` one fused operation per step. None
+    where cuDNN refuses the shape."""
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
+    params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
+    hx = (u0[:, :H].unsqueeze(0).contiguous(), u0[:, H:].unsqueeze(0).contiguous())
+    try:
+        y, _, _ = torch._VF.lstm(x, hx, params, b_ih is not None, 1, 0.0, False, False, False)
+    except RuntimeError as exc:  # as the GRU's: cuDNN refuses some lengths outright
+        if "CUDNN_STATUS" in str(exc):
+            return None
+        raise
+    points = x.new_empty((T + 1, B, 2 * H))
+    points[0] = u0
+    points[1:, :, :H] = y
+    bias = fold_bias(b_ih, b_hh)
+    c = x.new_empty((T + 1, B, H))  # contiguous: one step's update is one small fused call
+    c[0] = u0[:, H:]
+    cs = c.unbind(0)
+    for k0 in range(0, T, block):
+        k1 = min(T, k0 + block)
+        rows = (k1 - k0) * B
+        a = torch.mm(x[k0:k1].reshape(rows, -1), w_ih.t())
+        if bias is not None:
+            a += bias
+        a.addmm_(points[k0:k1, :, :H].reshape(rows, H), w_hh.t())
+        a = a.view(k1 - k0, B, 4 * H)
+        i, f, g = a[..., :H].sigmoid(), a[..., H : 2 * H].sigmoid(), a[..., 2 * H : 3 * H].tanh()
+        igs, fs = i.mul_(g).unbind(0), f.unbind(0)
+        for t in range(k0, k1):
+            torch.addcmul(igs[t - k0], fs[t - k0], cs[t], out=cs[t + 1])
+    points[:, :, H:] = c
+    return points
+
+
+def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
+    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by torch's LSTM kernel and its
+    own backward (the forward run again under autograd), from the gradients of the states
+    after every step ``d_states`` ``(T, B, 2H)`` (their c half zero: the kernel takes
+    gradients of h only) and of the last state ``d_last`` ``(B, 2H)``. None where cuDNN
+    refuses the shape."""
+    H = w_hh.shape[1]
+    biased = b_ih is not None
+    leaves = [
+        t.detach().requires_grad_()
+        for t in (x, u0[:, :H], u0[:, H:], w_ih, w_hh, *((b_ih, b_hh) if biased else ()))
+    ]
+    x_, h0, c0, *params = leaves
+    try:
+        with torch.enable_grad():
+            y, h_n, c_n = torch._VF.lstm(
+                x_, (h0.unsqueeze(0), c0.unsqueeze(0)), params, biased, 1, 0.0, True, False, False
+            )
+            grads = torch.autograd.grad(
+                (y, h_n, c_n),
+                leaves,
+                (d_states[..., :H], d_last[:, :H].unsqueeze(0), d_last[:, H:].unsqueeze(0)),
+            )
+    except RuntimeError as exc:
+        if "CUDNN_STATUS" in str(exc):
+            return None
+        raise
+    d_x, d_h0, d_c0, d_w_ih, d_w_hh, *d_b = grads
+    d_b_ih, d_b_hh = d_b if biased else (None, None)
+    return d_x, torch.cat([d_h0, d_c0], dim=-1), d_w_ih, d_w_hh, d_b_ih, d_b_hh
+
+
 class LSTMCell:
     """The LSTM as a :class:`mgrit_gru.layer.cell.Cell`: state ``[h, c]``; coarse levels by
-    the frozen-gate or secant chunk maps (it has no implicit step); no fused serial loop
-    (torch's LSTM kernel returns h at every step but c only at the end, and the adjoint
-    needs c everywhere)."""
+    the frozen-gate or secant chunk maps (it has no implicit step); the serial forward by
+    torch's LSTM kernel with c rebuilt (:func:`fused_forward`), the serial adjoint by its
+    backward (:func:`fused_vjp`)."""
 
     name = "lstm"
     gates, state, kept, coeffs, extra = 4, 2, KEPT, COEFFS, 0
-    fused = False
+    fused = fused_adjoint = True
     implicit = None
 
     def __repr__(self) -> str:
@@ -229,7 +301,10 @@ class LSTMCell:
         return d, d  # both biases and both weights see the same pre-activations
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
-        return None
+        return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
+
+    def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
+        return fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last)
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
         return reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask)
