@@ -98,3 +98,37 @@ def test_reference_layer_equals_torch_lstm():
     states, u_n = cell.reference_layer(x, torch.cat([h0[0], c0[0]], -1), *w)
     assert (states[..., :4] - y_ref).abs().max() < 1e-14
     assert (u_n - torch.cat([h_ref[0], c_ref[0]], -1)).abs().max() < 1e-14
+
+
+def test_affine_scan_equals_the_sequential_recurrence():
+    """c_{t+1} = f_t c_t + b_t in blocks: equal to the step-by-step loop for lengths that are
+    and are not whole blocks, factors 0 (an underflowed forget gate) and 1 included."""
+    torch.manual_seed(2)
+    for T in (1, 2, 3, 16, 17, 99, 1000):
+        f, b, c0 = torch.rand(T, 3, 4), torch.randn(T, 3, 4), torch.randn(3, 4)
+        f[T // 2] = 0.0
+        f[T // 3] = 1.0
+        out = torch.empty_like(f)
+        cell.affine_scan(f, b, c0, out)
+        c, want = c0, []
+        for t in range(T):
+            c = f[t] * c + b[t]
+            want.append(c)
+        assert (out - torch.stack(want)).abs().max() < 1e-13, T
+
+
+def test_fused_forward_then_completed_points_equal_the_steps():
+    """torch's kernel gives h at every point and c at the ends; complete_points rebuilds the
+    inner c; together they equal the library's steps (float64)."""
+    torch.manual_seed(3)
+    ref = torch.nn.LSTM(3, 4)
+    w = [p.detach() for p in (ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0, ref.bias_hh_l0)]
+    x, u0 = torch.randn(300, 2, 3), torch.randn(2, 8)
+    points = cell.fused_forward(x, u0, *w)
+    assert torch.equal(points[1:-1, :, 4:], torch.zeros(299, 2, 4))  # not rebuilt yet
+    cell.complete_points(points, x, *w, block=128)  # several blocks
+    u, want = u0, [u0]
+    for t in range(300):
+        u = cell.step(u, x[t] @ w[0].t() + w[2] + w[3], w[1])
+        want.append(u)
+    assert (points - torch.stack(want)).abs().max() < 1e-12

@@ -255,6 +255,7 @@ class GRUCell:
             raise ValueError(f"GRU: unknown cell={kind!r}; choose one of {CELLS}")
         self.kind = kind
         self.fused = kind == "classic"  # torch's loop is the classic GRU
+        self.fused_complete = True  # a GRU's state is h
         self.fused_adjoint = False  # the library's adjoint loop beats torch's backward here
 
     def __repr__(self) -> str:
@@ -294,6 +295,9 @@ class GRUCell:
 
     def fused_vjp(self, *args) -> None:
         return None
+
+    def complete_points(self, *args) -> None:
+        """Nothing to fill: torch's GRU kernel returns the whole state."""
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
         from . import reference

@@ -41,6 +41,7 @@ class Cell(Protocol):
     coeffs: int  # blocks of H in C
     extra: int  # blocks of H in Linearisation.extra (0: None)
     fused: bool  # fused_forward may run this cell's serial forward
+    fused_complete: bool  # its points hold every block of the state (else only h inside)
     fused_adjoint: bool  # fused_vjp may run this cell's serial adjoint
     implicit: Optional[Cell]  # the variant that steps an Implicit coarse level, or None
 
@@ -66,6 +67,10 @@ class Cell(Protocol):
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         """All points ``(T + 1, B, state * H)`` by a library kernel, or None (refused)."""
+
+    def complete_points(self, points, x, w_ih, w_hh, b_ih, b_hh) -> None:
+        """Fill, in place, the blocks other than h of the inner points of a fused forward
+        that left them out (``fused_complete`` False)."""
 
     def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
         """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by a library kernel's own

@@ -152,6 +152,9 @@ class Hierarchy:
     front: bool = False  # padded at the front (a reverse direction)
     c_points: Optional[Tensor] = None  # time-parallel: all ranks' forward C-point states
     kept: Optional[Tensor] = None
+    # the forward's points hold h only between the ends (a cell's fused forward whose kernel
+    # returns no more): Cell.complete_points fills the rest where the backward needs it
+    partial: bool = False
 
     def release_kept(self) -> None:
         """Hand the kept gates back to the workspace (a later backward recomputes them)."""
@@ -484,6 +487,7 @@ def forward_solve(
     off = grids[0].off
     if len(grids) == 1 and fused:
         points = state["points"]
+        hier.partial = not cell.fused_complete
     else:
         points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
@@ -639,6 +643,9 @@ def adjoint_solve(
     def coefficients() -> tuple:
         """The fine steps' adjoint coefficients (not needed where torch's kernel solves)."""
         if "coefficients" not in state:
+            if hier.partial:  # the states' other blocks, which the linearisation reads
+                cell.complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
+                hier.partial = False
             with trace.bulk("coefficients", T * B, H, x):
                 state["coefficients"] = fine_coefficients(
                     points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
@@ -648,14 +655,24 @@ def adjoint_solve(
 
     if not fused:
         coefficients()  # here, as a trace of ranks expects them
-    # dL/dy at a slice's first point was the previous rank's last output (None on the first)
-    forward_order = LocalComm(reverse) if tg is None else tg.comm(reverse=reverse)
-    f_first = forward_order.shift(d_out[T - 1])
-    with trace.bulk("forcing", T * B, H, x):
-        g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
-        low, high = torch.aminmax(g_rev)
-        scale = max(-low.item(), high.item(), f_T.abs().max().item())
-    scale = comm.max(scale)
+
+    def forcing() -> tuple:
+        """The right-hand side in reversed time, its initial value and its size (not
+        needed where torch's kernel solves)."""
+        if "forcing" not in state:
+            # dL/dy at a slice's first point was the previous rank's last output
+            forward_order = LocalComm(reverse) if tg is None else tg.comm(reverse=reverse)
+            f_first = forward_order.shift(d_out[T - 1])
+            with trace.bulk("forcing", T * B, H, x):
+                g_rev, f_T = reversed_forcing(d_out, d_last, M, off, f_first)
+                low, high = torch.aminmax(g_rev)
+                scale = max(-low.item(), high.item(), f_T.abs().max().item())
+            state["forcing"] = g_rev, f_T, comm.max(scale)
+        return state["forcing"]
+
+    serial_only = len(mgrit_grids) == 1
+    if not (fused and serial_only):
+        forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type)
     serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
@@ -678,11 +695,12 @@ def adjoint_solve(
             if grads is not None:  # else cuDNN refused the shape: the library's loop
                 meter.add("fused", B, T, level=trace.SERIAL)
                 state["grads"] = grads
-                return SolveResult(f_T.new_empty(0), f_T)
+                return SolveResult(d_last.new_empty(0), d_last)
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
         D_rev, C_rev, _ = coefficients()
         D, C = D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M]
+        g_rev, f_T, scale = forcing()
         fine_op = AdjointStep(fine, D, C, w_hh, cell, meter)
         ops = [fine_op] + (coarse_ops(grids) if len(grids) > 1 else [])
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
@@ -705,7 +723,7 @@ def adjoint_solve(
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
-    grids = mgrit_grids if math.isfinite(scale) else [Grid(N=T, m=T, n=1)]
+    grids = mgrit_grids if serial_only or math.isfinite(forcing()[2]) else [Grid(N=T, m=T, n=1)]
     grids, result, stats = solve_guarded(
         "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
     )
@@ -713,7 +731,7 @@ def adjoint_solve(
         hier.release_kept()
         return Adjoint(None, None, None, stats, state["grads"])
     Mg, off_g = grids[0].M, grids[0].off
-    lam = workspace.buffer("bwd.lam", (Mg + 1, *f_T.shape), f_T)
+    lam = workspace.buffer("bwd.lam", (Mg + 1, *d_last.shape), d_last)
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
     _, C_rev, extra = coefficients()
     return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)

@@ -28,6 +28,7 @@ analogue of the GRU's ``z``. An identity step (padding, a sequence past its leng
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -194,17 +195,44 @@ def reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask=None) -> tuple[Tensor, T
     return torch.stack(out), u
 
 
-def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh, block: int = 1024) -> Optional[Tensor]:
-    """All points ``(T + 1, B, 2H)`` of the serial forward, h by ``torch._VF.lstm`` (the kernel
-    of ``torch.nn.LSTM``), which returns h at every step but c only at the end; c at every
-    step is then rebuilt from the h's: the gates of all steps are one GEMM (per block of
-    ``block`` steps) and ``c_{t+1} = f_t c_t + i_t g_t`` one fused operation per step. None
-    where cuDNN refuses the shape."""
+def affine_scan(f: Tensor, b: Tensor, c0: Tensor, out: Tensor) -> Tensor:
+    """``c_{t+1} = f_t c_t + b_t`` for the ``T`` steps of ``f``, ``b`` ``(T, ...)`` from ``c0``:
+    all ``c_1 .. c_T`` into ``out`` ``(T, ...)``, in about ``3 sqrt(T)`` operations instead of
+    ``T``. Blocks of ``K ~ sqrt(T)`` steps run side by side from 0 (each block's own offset
+    and factor product), the blocks' starts then follow one after another, and every step
+    adds its block's start times its factor product. No division: factors that underflow to
+    0 are exact, and the result is the sequential recurrence up to rounding."""
+    T = f.shape[0]
+    K = max(1, math.isqrt(T))
+    n = -(-T // K)
+    if n * K > T:  # identity steps to whole blocks
+        extra = (n * K - T, *f.shape[1:])
+        f, b = torch.cat([f, f.new_ones(extra)]), torch.cat([b, b.new_zeros(extra)])
+    fb, bb = f.view(n, K, *f.shape[1:]), b.view(n, K, *b.shape[1:])
+    local = f.new_empty((n, K, *f.shape[1:]))  # each block's states from 0
+    prod = f.new_empty((n, K, *f.shape[1:]))  # and its factor products
+    local[:, 0], prod[:, 0] = bb[:, 0], fb[:, 0]
+    for k in range(1, K):
+        torch.addcmul(bb[:, k], fb[:, k], local[:, k - 1], out=local[:, k])
+        torch.mul(fb[:, k], prod[:, k - 1], out=prod[:, k])
+    starts = f.new_empty((n, *f.shape[1:]))
+    starts[0] = c0
+    for j in range(1, n):
+        torch.addcmul(local[j - 1, K - 1], prod[j - 1, K - 1], starts[j - 1], out=starts[j])
+    full = local.addcmul_(prod, starts.unsqueeze(1)).view(n * K, *f.shape[1:])
+    return out.copy_(full[:T])
+
+
+def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
+    """The points ``(T + 1, B, 2H)`` of the serial forward by ``torch._VF.lstm`` (the kernel of
+    ``torch.nn.LSTM``): h at every point, c at the ends only (the kernel returns no more; the
+    inner c are zero until :func:`complete_points` rebuilds them, where a backward needs
+    them). None where cuDNN refuses the shape."""
     T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
     params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
     hx = (u0[:, :H].unsqueeze(0).contiguous(), u0[:, H:].unsqueeze(0).contiguous())
     try:
-        y, _, _ = torch._VF.lstm(x, hx, params, b_ih is not None, 1, 0.0, False, False, False)
+        y, _, c_n = torch._VF.lstm(x, hx, params, b_ih is not None, 1, 0.0, False, False, False)
     except RuntimeError as exc:  # as the GRU's: cuDNN refuses some lengths outright
         if "CUDNN_STATUS" in str(exc):
             return None
@@ -212,12 +240,19 @@ def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh, block: int = 1024) -> Optional[
     points = x.new_empty((T + 1, B, 2 * H))
     points[0] = u0
     points[1:, :, :H] = y
+    points[1:T, :, H:] = 0.0
+    points[T, :, H:] = c_n[0]
+    return points
+
+
+def complete_points(points, x, w_ih, w_hh, b_ih, b_hh, block: int = 4096) -> None:
+    """The inner c of a :func:`fused_forward`'s points, rebuilt in place from its h's: the
+    gates of all steps are one GEMM (per block of ``block`` steps) and ``c_{t+1} = f_t c_t +
+    i_t g_t`` a linear recurrence with known coefficients (:func:`affine_scan`)."""
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
     bias = fold_bias(b_ih, b_hh)
-    c = x.new_empty((T + 1, B, H))  # contiguous: one step's update is one small fused call
-    c[0] = u0[:, H:]
-    cs = c.unbind(0)
-    for k0 in range(0, T, block):
-        k1 = min(T, k0 + block)
+    for k0 in range(0, T - 1, block):  # c_T is the kernel's
+        k1 = min(T - 1, k0 + block)
         rows = (k1 - k0) * B
         a = torch.mm(x[k0:k1].reshape(rows, -1), w_ih.t())
         if bias is not None:
@@ -225,11 +260,9 @@ def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh, block: int = 1024) -> Optional[
         a.addmm_(points[k0:k1, :, :H].reshape(rows, H), w_hh.t())
         a = a.view(k1 - k0, B, 4 * H)
         i, f, g = a[..., :H].sigmoid(), a[..., H : 2 * H].sigmoid(), a[..., 2 * H : 3 * H].tanh()
-        igs, fs = i.mul_(g).unbind(0), f.unbind(0)
-        for t in range(k0, k1):
-            torch.addcmul(igs[t - k0], fs[t - k0], cs[t], out=cs[t + 1])
-    points[:, :, H:] = c
-    return points
+        c = torch.empty_like(f)
+        affine_scan(f, i.mul_(g), points[k0, :, H:], out=c)
+        points[k0 + 1 : k1 + 1, :, H:] = c
 
 
 def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
@@ -267,12 +300,13 @@ def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple
 class LSTMCell:
     """The LSTM as a :class:`mgrit_gru.layer.cell.Cell`: state ``[h, c]``; coarse levels by
     the frozen-gate or secant chunk maps (it has no implicit step); the serial forward by
-    torch's LSTM kernel with c rebuilt (:func:`fused_forward`), the serial adjoint by its
-    backward (:func:`fused_vjp`)."""
+    torch's LSTM kernel (:func:`fused_forward`; c rebuilt only where a backward needs it:
+    :func:`complete_points`), the serial adjoint by its backward (:func:`fused_vjp`)."""
 
     name = "lstm"
     gates, state, kept, coeffs, extra = 4, 2, KEPT, COEFFS, 0
     fused = fused_adjoint = True
+    fused_complete = False  # torch's kernel returns c at the end only
     implicit = None
 
     def __repr__(self) -> str:
@@ -302,6 +336,9 @@ class LSTMCell:
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
+
+    def complete_points(self, points, x, w_ih, w_hh, b_ih, b_hh) -> None:
+        complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
 
     def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
         return fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last)
