@@ -258,15 +258,7 @@ class Recurrent(nn.Module):
                 f"{name}: input must be a floating-point tensor, got {x.dtype}; convert it, "
                 f"e.g. x.to({param.dtype})"
             )
-        if x.dtype != param.dtype:
-            raise TypeError(
-                f"{name}: input dtype {x.dtype} does not match the parameters' dtype "
-                f"{param.dtype}; convert one of them (e.g. module.to({x.dtype}))"
-            )
-        if x.device != param.device:
-            raise ValueError(
-                f"{name}: input is on {x.device} but the parameters are on {param.device}"
-            )
+        self._check_like_params("input", x, f"; convert one of them (e.g. module.to({x.dtype}))")
         batched = x.dim() == 3
         seq_dim = 1 if (batched and self.batch_first) else 0
         if x.shape[seq_dim] == 0:
@@ -282,10 +274,23 @@ class Recurrent(nn.Module):
             x = x.transpose(0, 1)
         return x, batched, batch
 
+    def _check_like_params(self, label: str, t: Tensor, advice: str = "") -> None:
+        """``t`` in the parameters' dtype and on their device, else one line naming both."""
+        name, param = self._NAME, self.weight_ih_l0
+        if t.dtype != param.dtype:
+            raise TypeError(
+                f"{name}: {label} dtype {t.dtype} does not match the parameters' dtype "
+                f"{param.dtype}{advice}"
+            )
+        if t.device != param.device:
+            raise ValueError(
+                f"{name}: {label} is on {t.device} but the parameters are on {param.device}"
+            )
+
     def _check_state(self, label: str, t, batch: Optional[int]) -> Tensor:
         """One initial-state tensor (``h0``, ``c0``) checked against torch's shape
         ``(D * num_layers, [B,] H)``; returned batched."""
-        name, param = self._NAME, self.weight_ih_l0
+        name = self._NAME
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
         directions = 2 if self.bidirectional else 1
@@ -296,15 +301,7 @@ class Recurrent(nn.Module):
         )
         if tuple(t.shape) != expected:
             raise ValueError(f"{name}: expected {label} of shape {expected}, got {tuple(t.shape)}")
-        if t.dtype != param.dtype:
-            raise TypeError(
-                f"{name}: {label} dtype {t.dtype} does not match the parameters' dtype "
-                f"{param.dtype}"
-            )
-        if t.device != param.device:
-            raise ValueError(
-                f"{name}: {label} is on {t.device} but the parameters are on {param.device}"
-            )
+        self._check_like_params(label, t)
         if not _all_finite(t):
             raise ValueError(f"{name}: {label} contains NaN or Inf")
         return t if batch is not None else t.unsqueeze(1)
