@@ -219,10 +219,21 @@ def _kind(device: str) -> str:
     return kind if kind in BUILTIN else "cpu"
 
 
-def step_us(kind: str, rows: int, hidden: int, device: str = "cpu") -> float:
-    """Modelled time of one step of ``kind`` over ``rows`` states."""
-    o, c = table()[_kind(device)][kind]
+def step_us(
+    kind: str, rows: int, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None
+) -> float:
+    """Modelled time of one step of ``kind`` over ``rows`` states; ``cell_costs``: a cell's
+    :data:`mgrit_gru.layer.cell.Cell.costs` (its steps against the GRU's), or None (a GRU)."""
+    o, c = _costs(table()[_kind(device)], kind, cell_costs)
     return o + c * rows * (hidden / 64) ** H_EXPONENT
+
+
+def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, float]:
+    """``(o, c)`` of ``kind`` for a cell: the table's GRU entry of its base kind, times the
+    cell's multipliers (none: the GRU's own)."""
+    base, o_times, c_times = (cell_costs or {}).get(kind, (kind, 1.0, 1.0))
+    o, c = row[base]
+    return o * o_times, c * c_times
 
 
 def overhead_rows(hidden: int, device: str = "cpu", kind: str = "step") -> float:
@@ -235,20 +246,31 @@ class Meter:
     """Adds up the modelled cost of the steps a solve runs (its propagators report to it);
     the table is the one in use when the meter is made."""
 
-    def __init__(self, hidden: int, device: str = "cpu") -> None:
+    def __init__(self, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None):
         self.hidden, self.device = hidden, device
         self.spent = 0.0
         self._costs = table()[_kind(device)]
+        self._cell_costs = cell_costs
         self._scale = (hidden / 64) ** H_EXPONENT
 
-    def add(self, kind: str, rows: int, calls: int = 1, level: int = 0) -> None:
+    def add(
+        self, kind: str, rows: int, calls: int = 1, level: int = 0, cost_kind: str = ""
+    ) -> None:
         """``calls`` steps of ``kind`` over ``rows`` states, at MGRIT ``level`` (-1: a serial
-        sweep); also the step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
-        o, c = self._costs[kind]
+        sweep), costed as ``cost_kind`` (default: ``kind``) of the meter's cell; also the
+        step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
+        o, c = _costs(self._costs, cost_kind or kind, self._cell_costs)
         self.spent += calls * (o + c * rows * self._scale)
         trace.work(kind, rows, self.hidden, calls, level)
 
 
-def serial_us(kind: str, steps: int, batch: int, hidden: int, device: str = "cpu") -> float:
+def serial_us(
+    kind: str,
+    steps: int,
+    batch: int,
+    hidden: int,
+    device: str = "cpu",
+    cell_costs: Optional[dict] = None,
+) -> float:
     """Modelled time of a serial sweep of ``steps`` steps over ``batch`` sequences."""
-    return steps * step_us(kind, batch, hidden, device)
+    return steps * step_us(kind, batch, hidden, device, cell_costs)

@@ -63,7 +63,8 @@ def lease(shape: tuple[int, ...], like: Tensor) -> Tensor:
         best = min(fits, key=lambda i: free[i].numel())
         return free.pop(best)[:numel].view(shape)
     if len(free) >= MAX_FREE:  # none fits: drop the smallest, it may never fit again
-        free.remove(min(free, key=lambda flat: flat.numel()))
+        # by position: list.remove would compare tensors with ==, elementwise
+        free.pop(min(range(len(free)), key=lambda i: free[i].numel()))
     return torch.empty(shape, dtype=like.dtype)
 
 

@@ -500,11 +500,15 @@ def test_lstm_trains_resumes_evaluates_and_compares(tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--cell", "implicit"], "--model lstm: --cell implicit exist for the GRU only"),
-        (["--coarse", "implicit"], "--coarse implicit exist for the GRU only"),
+        (["--cell", "implicit"], "--model lstm: --cell implicit is for the GRU only"),
+        (["--coarse", "implicit"], "--coarse implicit is for the GRU only"),
         (
             ["--budget-forward", "2", "--budget-backward", "1", "--budget-gradient", "unrolled"],
-            "--budget-gradient unrolled exist for the GRU only",
+            "--budget-gradient unrolled is for the GRU only",
+        ),
+        (
+            ["--recipe", "torchbraid"],
+            "--cell implicit and --coarse implicit (set by --recipe torchbraid) are for the GRU",
         ),
     ],
 )
@@ -514,3 +518,10 @@ def test_lstm_refuses_gru_only_options(extra, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_budget_without_solver_mgrit_is_refused():
+    """Budget flags under the default solver (auto) were once dropped without a word."""
+    with pytest.raises(ValueError, match="needs --solver mgrit"):
+        TrainConfig(budget_forward=2, budget_backward=1)
+    assert TrainConfig(budget_forward=2, budget_backward=1, solver="mgrit").budget is not None

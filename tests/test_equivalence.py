@@ -351,6 +351,23 @@ def test_kept_gates_come_from_the_sweep_that_made_the_output():
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-5
 
 
+def test_a_full_lease_pool_drops_its_smallest_buffer():
+    """With MAX_FREE buffers free and none large enough, a lease drops the smallest (by
+    position: comparing tensors with == would fail on unequal sizes) and the call goes on."""
+    from mgrit_gru import workspace
+
+    workspace.release()
+    like = torch.empty(0)
+    out = [workspace.lease((n,), like) for n in (50, 10, 40, 30, 20, 60, 70, 80)]
+    for t in out:
+        workspace.give_back(t)
+    big = workspace.lease((1000,), like)  # fits none: the 10-element buffer goes
+    assert big.numel() == 1000
+    sizes = sorted(t.numel() for t in workspace._pool()[("lease", like.dtype)])
+    assert sizes == [20, 30, 40, 50, 60, 70, 80]
+    workspace.release()
+
+
 def test_leases_are_best_fit_and_never_shared():
     from mgrit_gru import workspace
 

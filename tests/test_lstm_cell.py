@@ -126,9 +126,27 @@ def test_fused_forward_then_completed_points_equal_the_steps():
     x, u0 = torch.randn(300, 2, 3), torch.randn(2, 8)
     points = cell.fused_forward(x, u0, *w)
     assert torch.equal(points[1:-1, :, 4:], torch.zeros(299, 2, 4))  # not rebuilt yet
-    cell.complete_points(points, x, *w, block=128)  # several blocks
+    full = cell.complete_points(points, x, *w, block=128)  # several blocks
+    assert torch.equal(points[1:-1, :, 4:], torch.zeros(299, 2, 4))  # a copy
     u, want = u0, [u0]
     for t in range(300):
         u = cell.step(u, x[t] @ w[0].t() + w[2] + w[3], w[1])
         want.append(u)
-    assert (points - torch.stack(want)).abs().max() < 1e-12
+    assert (full - torch.stack(want)).abs().max() < 1e-12
+
+
+def test_the_cost_model_prices_lstm_steps_by_its_multipliers():
+    """An LSTM step costs the GRU model's entry of its base kind times the cell's overhead
+    and per-row multipliers; the GRU's own costs are unchanged."""
+    from mgrit_gru import cost
+    from mgrit_gru.gru.cell import GRUCell
+
+    costs = cell.LSTMCell.costs
+    row = cost.table()["cpu"]
+    for kind, (base, o_times, c_times) in costs.items():
+        o, c = row[base]
+        assert cost.step_us(kind, 10, 64, "cpu", costs) == o * o_times + c * c_times * 10
+    assert cost.step_us("step", 10, 64, "cpu", GRUCell().costs) == cost.step_us("step", 10, 64)
+    meter = cost.Meter(64, "cpu", costs)
+    meter.add("fused", 4, 100, cost_kind="fused_adjoint")
+    assert meter.spent == 100 * cost.step_us("fused_adjoint", 4, 64, "cpu", costs)

@@ -106,7 +106,9 @@ def test_lstm_bad_calls():
         lstm(x, lengths=torch.tensor([11, 3]))
     budget = mgrit_gru.MGRIT(budget=mgrit_gru.Budget(gradient="unrolled"))
     with pytest.raises(ValueError, match="is available for the GRU only"):
-        mgrit_gru.LSTM(3, 4, solver=budget)(x)
+        mgrit_gru.LSTM(3, 4, solver=budget)  # at construction, as the other refusals
+    with pytest.raises(ValueError, match="is available for the GRU only"):
+        lstm.solver = budget  # and on assignment
 
 
 def _packed_run(module, packed, h0, c0, wy, wh, wc):

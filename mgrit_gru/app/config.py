@@ -303,7 +303,7 @@ class TrainConfig:
             )
         if (self.budget_forward is None) != (self.budget_backward is None):
             raise ValueError("--budget-forward and --budget-backward go together")
-        if self.budget is not None and self.solver not in ("mgrit", "serial", "torch"):
+        if self.budget_forward is not None and self.solver not in ("mgrit", "serial", "torch"):
             raise ValueError(
                 "a budget (--budget-forward/--budget-backward) needs --solver mgrit: the "
                 "automatic choice solves to a tolerance"
@@ -317,9 +317,11 @@ class TrainConfig:
             }
             asked = [flag for flag, given in gru_only.items() if given]
             if asked:
+                source = f" (set by --recipe {self.recipe})" if self.recipe else ""
+                verb = "is" if len(asked) == 1 else "are"
                 raise ValueError(
-                    f"--model lstm: {', '.join(asked)} exist for the GRU only (the LSTM has no "
-                    "implicit step): use --coarse secant or frozen and --budget-gradient adjoint"
+                    f"--model lstm: {' and '.join(asked)}{source} {verb} for the GRU only "
+                    "(the LSTM has no implicit step)"
                 )
         self.solver_options()  # MGRIT validates its own fields
         if self.time_parallel > 1 and self.solver == "torch":

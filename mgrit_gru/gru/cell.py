@@ -249,6 +249,7 @@ class GRUCell:
 
     name = "gru"
     gates, state, kept, coeffs, extra = 3, 1, KEPT, 3, 1
+    costs: dict = {}  # the cost model's own kinds
 
     def __init__(self, kind: str = "classic") -> None:
         if kind not in CELLS:
@@ -296,8 +297,9 @@ class GRUCell:
     def fused_vjp(self, *args) -> None:
         return None
 
-    def complete_points(self, *args) -> None:
+    def complete_points(self, points, *args) -> Tensor:
         """Nothing to fill: torch's GRU kernel returns the whole state."""
+        return points
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
         from . import reference

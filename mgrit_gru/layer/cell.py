@@ -44,6 +44,10 @@ class Cell(Protocol):
     fused_complete: bool  # its points hold every block of the state (else only h inside)
     fused_adjoint: bool  # fused_vjp may run this cell's serial adjoint
     implicit: Optional[Cell]  # the variant that steps an Implicit coarse level, or None
+    # the cost model (mgrit_gru.cost) is measured on GRU steps: per kind of step ("step",
+    # "adjoint", "fused", "fused_adjoint"), (the GRU kind it is measured against, overhead
+    # multiplier, per-row multiplier); {} for the GRU itself
+    costs: dict
 
     def fold_bias(self, b_ih: Optional[Tensor], b_hh: Optional[Tensor], H: int):
         """The bias added to every step's input gates."""
@@ -68,9 +72,10 @@ class Cell(Protocol):
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         """All points ``(T + 1, B, state * H)`` by a library kernel, or None (refused)."""
 
-    def complete_points(self, points, x, w_ih, w_hh, b_ih, b_hh) -> None:
-        """Fill, in place, the blocks other than h of the inner points of a fused forward
-        that left them out (``fused_complete`` False)."""
+    def complete_points(self, points, x, w_ih, w_hh, b_ih, b_hh) -> Tensor:
+        """A copy of a fused forward's points with the blocks it left out (other than h, at
+        the inner points; ``fused_complete`` False) filled in. A copy: the points are the
+        layer's output too, which autograd forbids changing in place."""
 
     def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
         """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by a library kernel's own

@@ -143,6 +143,12 @@ class Recurrent(nn.Module):
                 f"GRU, which the {self._NAME} has no analogue of; use coarse='secant' (the "
                 "default) or 'frozen'"
             )
+        unrolled = mgrit.budget is not None and mgrit.budget.gradient == "unrolled"
+        if unrolled and type(self)._unrolled_layer is Recurrent._unrolled_layer:
+            raise ValueError(
+                f"{self._NAME}: Budget(gradient='unrolled') is available for the GRU only; use "
+                "gradient='adjoint' (the default)"
+            )
         return options
 
     def solver_state(self) -> dict:

@@ -403,8 +403,10 @@ def forward_solve(
     rb = cell.recurrent_bias(b_hh, H)
     steps = T if tg is None else tg.steps
     fused = _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg)
-    meter = cost.Meter(H, x.device.type)
-    serial_cost = cost.serial_us("fused" if fused else "step", steps, B, H, x.device.type)
+    meter = cost.Meter(H, x.device.type, cell.costs)
+    serial_cost = cost.serial_us(
+        "fused" if fused else "step", steps, B, H, x.device.type, cell.costs
+    )
     hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
     # the input gates, made on their first use; the fused solve's points, and whether it ran
     state: dict = {"fused": fused}
@@ -643,12 +645,12 @@ def adjoint_solve(
     def coefficients() -> tuple:
         """The fine steps' adjoint coefficients (not needed where torch's kernel solves)."""
         if "coefficients" not in state:
+            full = points
             if hier.partial:  # the states' other blocks, which the linearisation reads
-                cell.complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
-                hier.partial = False
+                full = cell.complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
             with trace.bulk("coefficients", T * B, H, x):
                 state["coefficients"] = fine_coefficients(
-                    points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
+                    full, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
                 )
             hier.release_kept()
         return state["coefficients"]
@@ -674,8 +676,9 @@ def adjoint_solve(
     if not (fused and serial_only):
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
-    meter = cost.Meter(H, x.device.type)
-    serial_cost = cost.serial_us("adjoint", steps, B, H, x.device.type)
+    meter = cost.Meter(H, x.device.type, cell.costs)
+    serial_kind = "fused_adjoint" if fused else "adjoint"
+    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
 
     def coarse_ops(grids: list[Grid]) -> list:
         if "ops" not in state:
@@ -693,9 +696,15 @@ def adjoint_solve(
         if len(grids) == 1 and fused:
             grads = cell.fused_vjp(x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last)
             if grads is not None:  # else cuDNN refused the shape: the library's loop
-                meter.add("fused", B, T, level=trace.SERIAL)
+                meter.add("fused", B, T, level=trace.SERIAL, cost_kind="fused_adjoint")
                 state["grads"] = grads
                 return SolveResult(d_last.new_empty(0), d_last)
+        if len(grids) > 1 and fused and "bulk" not in state:
+            # what torch's serial backward does without, in the cost of MGRIT's try: the
+            # coefficients, c rebuilt and the gradients' GEMMs, each about a step over all
+            # rows (not traced: a fused adjoint is off while a trace records)
+            meter.add("step", T * B, 2 + int(hier.partial), trace.SERIAL)
+            state["bulk"] = True
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
         D_rev, C_rev, _ = coefficients()
