@@ -87,7 +87,6 @@ TIME_HEADER = (
     f"{'f/b it':>7} {'fb':>4} {'|dlogit|':>9} {'rel dgrad':>9}"
 )
 CAP = 40
-TORCH_NAME = {torch.nn.GRU: "torch.nn.GRU", torch.nn.LSTM: "torch.nn.LSTM"}
 
 
 ALL = {**RECIPES, **POOLED, **LSTM_RECIPES}
@@ -258,7 +257,7 @@ def time_table(name, epoch, model, torch_model, batches, opts, repeats, log=prin
     auto_model.rnn.solver = Auto()
     for k in range(10):
         step(auto_model, *batches[k % len(batches)])
-    torch_name = TORCH_NAME[type(torch_model.rnn)]
+    torch_name = f"torch.nn.{type(torch_model.rnn).__name__}"
     models = {torch_name: (torch_model, None), "serial": (model, MGRIT.serial())}
     models["auto"] = (auto_model, None)
     models.update({label: (model, o) for label, o in opts.items()})

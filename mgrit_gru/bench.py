@@ -21,18 +21,13 @@ from typing import Optional
 import torch
 
 from . import memory
-from .app.config import parse_device
+from .app.config import parse_device, torch_module_name
 from .lstm.module import LSTM
 from .module import GRU
 from .options import MGRIT, Auto, Budget, auto_cfactor
 
 # --model: torch's module and this library's
 MODELS = {"gru": (torch.nn.GRU, GRU), "lstm": (torch.nn.LSTM, LSTM)}
-
-
-def torch_row(model: str = "gru") -> str:
-    """The name of torch's row: ``torch.nn.GRU`` or ``torch.nn.LSTM``."""
-    return "torch.nn." + model.upper()
 
 
 # The module's default (solver="auto"), MGRIT's defaults, and the defaults before the trained-
@@ -161,7 +156,7 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
         model=getattr(args, "model", "gru"),
     )
     model = getattr(args, "model", "gru")
-    ours, torch_name = MODELS[model][1], torch_row(model)
+    ours, torch_name = MODELS[model][1], torch_module_name(model)
     amp = AUTOCAST.get(getattr(args, "autocast", None) or "")
     rows = []
     if not args.no_torch:
@@ -218,7 +213,7 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
     if args.no_memory or row.autocast is not None or not memory.supported(args.device):
         return None
     model = getattr(args, "model", "gru")
-    solver = {torch_row(model): "torch", "serial": "serial"}.get(row.name, "mgrit")
+    solver = {torch_module_name(model): "torch", "serial": "serial"}.get(row.name, "mgrit")
     return memory.step_peak_mb(
         solver,
         T,

@@ -41,6 +41,7 @@ class GRU(Recurrent):
 
     _NAME = "GRU"
     _TORCH = nn.GRU
+    _UNROLLED = True
 
     def __init__(
         self,

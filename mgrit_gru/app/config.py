@@ -383,6 +383,11 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+def torch_module_name(model: str) -> str:
+    """torch's module of a ``--model``: ``torch.nn.GRU`` or ``torch.nn.LSTM``."""
+    return "torch.nn." + model.upper()
+
+
 def parse_device(text: str):
     """``--device`` text -> torch.device, with a ValueError that names the problem."""
     import torch

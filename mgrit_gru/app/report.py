@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from ..options import AUTO_TOL
-from .config import TrainConfig
+from .config import TrainConfig, torch_module_name
 
 COLORS = {"mgrit": "tab:blue", "serial": "tab:orange", "torch": "tab:green"}
 # Runs of exact solvers often coincide: distinct line styles and markers keep each visible.
@@ -204,17 +204,12 @@ def _residual_cell(row: dict, direction: str) -> str:
     return cell + (f" (fell back {fell_back})" if fell_back else "")
 
 
-def _torch_name(model: str) -> str:
-    """torch's module of a run's ``--model``: torch.nn.GRU or torch.nn.LSTM."""
-    return "torch.nn." + model.upper()
-
-
 def speed_text(speed: dict) -> str:
     """The speed check as a sentence and a table (report.md)."""
     if "skipped" in speed:
         return f"Speed check skipped ({speed['skipped']}); the training itself finished."
     ms, own = speed["step_ms"], speed["solver"]
-    names = {"torch": _torch_name(speed.get("model", "gru")), "serial": "serial solver"}
+    names = {"torch": torch_module_name(speed.get("model", "gru")), "serial": "serial solver"}
     names.update(mgrit="MGRIT", auto="auto")
     rows = [f"| {names.get(n, n)} | {t:.1f} | {t / ms[own]:.2f}x |" for n, t in ms.items()]
     text = (
@@ -402,13 +397,15 @@ def write_seeds_report(
     if with_torch:
         exact = [final_acc(k, "serial") - final_acc(k, "torch") for k in seeds]
         lines.append(
-            f"- serial minus {_torch_name(cfg.model)} (two exact solvers): {_spread(exact, True)} "
-            "percentage points"
+            f"- serial minus {torch_module_name(cfg.model)} (two exact solvers): "
+            f"{_spread(exact, True)} percentage points"
         )
     lines.append(f"- {own}'s speed-up over serial (total training time): {_spread(speedups)}x")
     lines.append(f"- slowest epoch of {own} against serial's: {_spread(worst)}x")
     if with_torch:
-        lines.append(f"- {own}'s speed-up over {_torch_name(cfg.model)}: {_spread(over_torch)}x")
+        lines.append(
+            f"- {own}'s speed-up over {torch_module_name(cfg.model)}: {_spread(over_torch)}x"
+        )
     if n > 1:
         sem = statistics.stdev(gaps) / n**0.5
         lines += [

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..layer.module import Recurrent
 from ..options import MGRIT
+from .config import torch_module_name
 
 
 def _step(model, x, lengths, y) -> None:
@@ -114,7 +115,7 @@ def speed_line(result: dict) -> str:
         return f"speed: check skipped ({result['skipped']})"
     ms, own = result["step_ms"], result["solver"]
     parts = [f"{own} {ms[own]:.1f} ms"]
-    torch_name = "torch.nn." + result.get("model", "gru").upper()
+    torch_name = torch_module_name(result.get("model", "gru"))
     for name, label in (("torch", torch_name), ("serial", "serial")):
         if name in ms and name != own:
             parts.append(f"{label} {ms[name]:.1f} ms ({ms[name] / ms[own]:.2f}x)")

@@ -58,7 +58,6 @@ class LayerFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the backward must be differentiable
             return _differentiable_backward(ctx, d_y, d_hn)
         x, _, w_ih, w_hh, b_ih, b_hh, points, mask = ctx.saved_tensors
-        T, B, I = x.shape
         tg = ctx.tg
         comm = LocalComm(ctx.where[1]) if tg is None else tg.comm(reverse=ctx.where[1])
         d_hn = comm.sum_(d_hn.clone())  # every rank's loss may use h_n: sum, apply it at the end
@@ -85,41 +84,12 @@ class LayerFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         if adj.grads is not None:  # torch's kernel solved it (one process: nothing to sum)
             d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh = adj.grads
-            return (
-                d_x if need[0] else None,
-                d_h0 if need[1] else None,
-                d_w_ih if need[2] else None,
-                d_w_hh if need[3] else None,
-                d_b_ih if b_ih is not None and need[4] else None,
-                d_b_hh if b_hh is not None and need[5] else None,
-                *(None,) * 8,
+        else:
+            d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh = _gradients(
+                adj, x, w_ih, w_hh, points, ctx.cell, comm, need[0]
             )
-        d_x = x.new_empty(x.shape) if need[0] else None
-        d_w_ih, d_w_hh = torch.zeros_like(w_ih), torch.zeros_like(w_hh)
-        d_b_ih = w_hh.new_zeros(w_hh.shape[0])
-        d_b_hh = w_hh.new_zeros(w_hh.shape[0])
-        # Everything below is parallel over time: per block, the gate gradients of all its
-        # steps, then GEMMs over its rows.
-        H, cell = w_hh.shape[1], ctx.cell
-        with trace.bulk("gradients", T * B, H, x):
-            for k0, k1, lam, C, extra in adj.blocks(T, B):
-                shape = (*C.shape[:-1], w_hh.shape[0])
-                out = [workspace.buffer(f"bwd.block {name}", shape, C) for name in ("d_gx", "d_gh")]
-                d_gx, d_gh = cell.gate_grads(lam, C, extra, out)
-                d_gx, d_gh = d_gx.reshape(-1, d_gx.shape[-1]), d_gh.reshape(-1, d_gh.shape[-1])
-                if d_x is not None:
-                    torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
-                d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
-                d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
-                d_b_ih += d_gx.sum(0)
-                d_b_hh += d_gh.sum(0)
-        d_h0 = adj.lam_rev[T].clone()
-        if not comm.first:  # parameters and h0 are shared by the time slices
-            d_h0.zero_()
-        for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
-            comm.sum_(grad)
         return (
-            d_x,
+            d_x if need[0] else None,
             d_h0 if need[1] else None,
             d_w_ih if need[2] else None,
             d_w_hh if need[3] else None,
@@ -127,6 +97,36 @@ class LayerFunction(torch.autograd.Function):
             d_b_hh if b_hh is not None and need[5] else None,
             *(None,) * 8,  # cell, options, record, where, mask, tg, keep, control
         )
+
+
+def _gradients(adj, x, w_ih, w_hh, points, cell, comm, need_x: bool) -> tuple:
+    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` from the solved adjoint, summed over a time
+    group's ranks. Parallel over time: per block, the gate gradients of all its steps, then
+    GEMMs over its rows."""
+    T, B, I = x.shape
+    H = w_hh.shape[1]
+    d_x = x.new_empty(x.shape) if need_x else None
+    d_w_ih, d_w_hh = torch.zeros_like(w_ih), torch.zeros_like(w_hh)
+    d_b_ih = w_hh.new_zeros(w_hh.shape[0])
+    d_b_hh = w_hh.new_zeros(w_hh.shape[0])
+    with trace.bulk("gradients", T * B, H, x):
+        for k0, k1, lam, C, extra in adj.blocks(T, B):
+            shape = (*C.shape[:-1], w_hh.shape[0])
+            out = [workspace.buffer(f"bwd.block {name}", shape, C) for name in ("d_gx", "d_gh")]
+            d_gx, d_gh = cell.gate_grads(lam, C, extra, out)
+            d_gx, d_gh = d_gx.reshape(-1, d_gx.shape[-1]), d_gh.reshape(-1, d_gh.shape[-1])
+            if d_x is not None:
+                torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
+            d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
+            d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
+            d_b_ih += d_gx.sum(0)
+            d_b_hh += d_gh.sum(0)
+    d_h0 = adj.lam_rev[T].clone()
+    if not comm.first:  # parameters and h0 are shared by the time slices
+        d_h0.zero_()
+    for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
+        comm.sum_(grad)
+    return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
 
 
 def _differentiable_backward(ctx, d_y, d_hn):

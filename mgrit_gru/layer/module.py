@@ -22,6 +22,7 @@ from ..stats import RunStats, SolveStats
 from .autograd import solve_layer
 from .cell import Cell
 from .control import AutoChoice, DivergenceMemory
+from .solve import implicit_of
 
 
 def _eager_under_compile(forward):
@@ -45,6 +46,7 @@ class Recurrent(nn.Module):
 
     _NAME = "RNN"  # in messages: "GRU", "LSTM"
     _TORCH: type = nn.Module  # torch.nn.GRU, torch.nn.LSTM
+    _UNROLLED = False  # has _unrolled_layer: Budget(gradient="unrolled")
 
     def __init__(
         self,
@@ -137,14 +139,10 @@ class Recurrent(nn.Module):
         """``value`` as options, refused where this cell lacks what they ask for."""
         options = as_options(value)
         mgrit = options.mgrit if isinstance(options, Auto) else options
-        if isinstance(mgrit.coarse, Implicit) and self._cell.implicit is None:
-            raise ValueError(
-                f"{self._NAME}: MGRIT(coarse='implicit') steps coarse levels with the implicit "
-                f"GRU, which the {self._NAME} has no analogue of; use coarse='secant' (the "
-                "default) or 'frozen'"
-            )
+        if isinstance(mgrit.coarse, Implicit):
+            implicit_of(self._cell)  # refused where the cell has no implicit step
         unrolled = mgrit.budget is not None and mgrit.budget.gradient == "unrolled"
-        if unrolled and type(self)._unrolled_layer is Recurrent._unrolled_layer:
+        if unrolled and not self._UNROLLED:
             raise ValueError(
                 f"{self._NAME}: Budget(gradient='unrolled') is available for the GRU only; use "
                 "gradient='adjoint' (the default)"
@@ -499,11 +497,8 @@ class Recurrent(nn.Module):
 
     def _unrolled_layer(self, x, h0, weights, solver, record, where, mask):
         """One layer and direction differentiated through a budget's cycles
-        (``Budget(gradient="unrolled")``); only cells with an unrolled solve have it."""
-        raise ValueError(
-            f"{self._NAME}: Budget(gradient='unrolled') is available for the GRU only; use "
-            "gradient='adjoint' (the default)"
-        )
+        (``Budget(gradient="unrolled")``): a subclass with ``_UNROLLED`` has it."""
+        raise NotImplementedError
 
 
 HALF = (torch.float16, torch.bfloat16)

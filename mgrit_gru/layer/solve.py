@@ -1,14 +1,15 @@
-"""The GRU layer as MGRIT problems: the forward recurrence and its adjoint.
+"""One recurrent layer as MGRIT problems, for any cell (:mod:`mgrit_gru.layer.cell`): the
+forward recurrence and its adjoint.
 
 Forward: level 0 steps with the model's own cell, padded with identity steps to whole chunks.
 The coarse levels follow ``MGRIT(coarse=...)``: ``"implicit"``: level l steps over ``m^l`` fine
 steps with the implicit cell, ``dt`` = the number of real fine steps it spans and input gates
 averaged over them (or injected); ``"frozen"`` / ``"secant"``: the chunk maps of
 :mod:`mgrit_gru.core.coarse`, rebuilt from each sweep's gates (the forward step records its
-diagonal factor ``1 - theta`` per step for them). A layer's forward
-direction is padded at the end; its reverse direction (which runs from the last input to the
-first) at the front, so that the chunks of both directions meet at the same time points: the
-sequence start and every multiple of ``m^l`` (as time-parallel slices need).
+diagonal factor per step for them: the GRU's ``1 - theta``, the LSTM's ``[0, f]``). A
+layer's forward direction is padded at the end; its reverse direction (which runs from the
+last input to the first) at the front, so that the chunks of both directions meet at the same
+time points: the sequence start and every multiple of ``m^l`` (as time-parallel slices need).
 
 Adjoint: ``lam_i = dL/du_i + J_i^T lam_{i+1}``, reversed in time, on the same points: its
 level l is the forward level l flipped, the identity padding then on the other side. Coarse
@@ -16,9 +17,9 @@ adjoint steps are the VJPs of the coarse implicit steps, linearised at the forwa
 their coarse point, or the frozen/secant maps of the adjoint's own steps (whose diagonal
 factor is the forward step's: ``D``).
 
-The serial solve (one grid) of a classic, unmasked forward over a small batch runs
-``torch.nn.GRU``'s own CPU loop (``torch._VF.gru``): per-step overhead dominates there, and
-its C++ loop has less of it than any Python loop.
+The serial solve (one grid) of an unmasked layer over a small batch runs torch's own kernel
+where the cell has one (``torch._VF.gru``, ``torch._VF.lstm``): per-step overhead dominates
+there, and its C++ loop has less of it than any Python loop.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_sol
 
 # Work buffers that the forward and the backward share (a layer's forward solve and a backward
 # never run inside one another): the forward's input gates and the adjoint's coefficients C
-# (both 3H per step), the level-0 states of either solve in chunk layout. The backward's
+# (a few H per step), the level-0 states of either solve in chunk layout. The backward's
 # other buffers have their own names.
 WIDE, CHUNKS = "gates", "level-0 chunks"
 
@@ -140,9 +141,10 @@ class AdjointStep:
 class Hierarchy:
     """Forward grids and the coarse levels' (real, unpadded) gates and step sizes.
 
-    ``gates[l]`` ``(N_l, B, 3H)`` and ``dts[l]`` ``(N_l,)`` for levels ``l >= 1``; index 0 is
-    None: the fine input gates are recomputed where needed rather than kept. ``kept``: the
-    fine steps' gates ``[r, z, n, gh_n]`` ``(T, B, 4H)`` from the forward's last sweep (a
+    ``gates[l]`` ``(N_l, B, gates * H)`` and ``dts[l]`` ``(N_l,)`` for levels ``l >= 1``
+    (implicit coarse levels only); index 0 is None: the fine input gates are recomputed where
+    needed rather than kept. ``kept``: the fine steps' gates ``(T, B, kept * H)`` (the GRU's
+    ``[r, z, n, gh_n]``, the LSTM's ``[i, f, g, o]``) from the forward's last sweep (a
     leased workspace tensor, see :func:`release_kept`), or None: recomputed in the backward.
     """
 
@@ -177,7 +179,8 @@ class Hierarchy:
 
 
 def input_gates(x: Tensor, w_ih: Tensor, b_ih: Optional[Tensor], out: Optional[Tensor] = None):
-    """``W_ih x_t + b_ih`` for all t at once ``(T, B, 3H)``: one GEMM over ``T * B`` rows."""
+    """``W_ih x_t + b_ih`` for all t at once ``(T, B, gates * H)``: one GEMM over ``T * B``
+    rows."""
     flat = x.reshape(-1, x.shape[-1])
     shape = (*x.shape[:-1], w_ih.shape[0])
     if out is None:
@@ -287,13 +290,11 @@ def _worth_keeping(grids: list[Grid], batch: int, steps: int) -> bool:
 FUSED_MAX = 4096
 
 
-def _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell: Cell, mask, tg) -> bool:
-    """Whether the serial forward of this layer runs torch's own loop (where the cell has
-    one): its CPU loop below FUSED_MAX = batch x hidden, cuDNN on CUDA always (no Python
-    loop competes with it)."""
-    if not cell.fused or mask is not None or tg is not None:
-        return False
-    if (b_ih is None) != (b_hh is None):
+def _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg) -> bool:
+    """Whether torch's own kernel can take this layer's serial solve: in one process, every
+    step real, both biases or none, and a shape where it is faster: its CPU loop below
+    FUSED_MAX = batch x hidden, cuDNN on CUDA always (no Python loop competes with it)."""
+    if mask is not None or tg is not None or (b_ih is None) != (b_hh is None):
         return False
     if x.device.type == "cuda":
         return True
@@ -357,9 +358,11 @@ def _stopping(options: MGRIT, pass_: str, grids: list[Grid], x: Tensor) -> Stopp
 def implicit_of(cell: Cell) -> Cell:
     """The cell's variant that steps Implicit coarse levels; an error where it has none."""
     if cell.implicit is None:
+        name = cell.name.upper()
         raise ValueError(
-            f"MGRIT(coarse='implicit') steps coarse levels with the implicit GRU; the "
-            f"{cell.name.upper()} has no implicit step: use coarse='secant' or 'frozen'"
+            f"{name}: MGRIT(coarse='implicit') steps coarse levels with the implicit GRU, "
+            f"which the {name} has no analogue of; use coarse='secant' (the default) or "
+            "'frozen'"
         )
     return cell.implicit
 
@@ -402,7 +405,7 @@ def forward_solve(
     S = h0.shape[-1]
     rb = cell.recurrent_bias(b_hh, H)
     steps = T if tg is None else tg.steps
-    fused = _fused_serial(x, h0, w_ih, w_hh, b_ih, b_hh, cell, mask, tg)
+    fused = cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
     meter = cost.Meter(H, x.device.type, cell.costs)
     serial_cost = cost.serial_us(
         "fused" if fused else "step", steps, B, H, x.device.type, cell.costs
@@ -624,8 +627,8 @@ def adjoint_solve(
     """Solve the adjoint of one layer.
 
     Args:
-        points: forward points ``(T + 1, B, H)``; x: the layer input ``(T, B, I)``.
-        d_out: dL/dy ``(T, B, H)``; d_last: dL/dh_n ``(B, H)``.
+        points: forward points ``(T + 1, B, S)``; x: the layer input ``(T, B, I)``.
+        d_out: dL/du of the states after every step ``(T, B, S)``; d_last: dL/du_T ``(B, S)``.
         where: (layer, reverse) as for :func:`forward_solve`; all of these in that direction's
             own time order.
         tg: time-parallel context (then all of these are this rank's slice; d_last counts only
@@ -639,7 +642,7 @@ def adjoint_solve(
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
     trace.phase("backward", reverse=not reverse)
-    fused = _fused_adjoint(cell, x, w_hh, mask, tg, d_out)
+    fused = _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
     state: dict = {}
 
     def coefficients() -> tuple:
@@ -699,12 +702,11 @@ def adjoint_solve(
                 meter.add("fused", B, T, level=trace.SERIAL, cost_kind="fused_adjoint")
                 state["grads"] = grads
                 return SolveResult(d_last.new_empty(0), d_last)
-        if len(grids) > 1 and fused and "bulk" not in state:
+        if len(grids) > 1 and fused:  # MGRIT's one try (solve_guarded runs it once)
             # what torch's serial backward does without, in the cost of MGRIT's try: the
             # coefficients, c rebuilt and the gradients' GEMMs, each about a step over all
             # rows (not traced: a fused adjoint is off while a trace records)
             meter.add("step", T * B, 2 + int(hier.partial), trace.SERIAL)
-            state["bulk"] = True
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
         D_rev, C_rev, _ = coefficients()
@@ -746,14 +748,14 @@ def adjoint_solve(
     return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)
 
 
-def _fused_adjoint(cell: Cell, x: Tensor, w_hh: Tensor, mask, tg, d_out: Tensor) -> bool:
+def _fused_adjoint(cell: Cell, x, w_hh, b_ih, b_hh, mask, tg, d_out: Tensor) -> bool:
     """Whether a serial adjoint of this layer runs torch's own backward kernel (a cell with
-    one, in one process, every step real, the shapes where its fused forward runs, and no
-    gradient on the output's other state blocks: torch's kernel takes one on h only). Not
-    while a trace records: a trace stands for ranks, which run the library's loop."""
-    if not cell.fused_adjoint or mask is not None or tg is not None or trace.active():
+    one, where its kernel fits as for the forward, and no gradient on the output's other
+    state blocks: torch's kernel takes one on h only). Not while a trace records: a trace
+    stands for ranks, which run the library's loop."""
+    if not cell.fused_adjoint or trace.active():
         return False
-    if x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] > FUSED_MAX:
+    if not _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg):
         return False
     H = w_hh.shape[1]
     return d_out.shape[-1] == H or not bool(d_out[..., H:].any())

@@ -254,15 +254,13 @@ def complete_points(points, x, w_ih, w_hh, b_ih, b_hh, block: int = 4096) -> Ten
     bias = fold_bias(b_ih, b_hh)
     for k0 in range(0, T - 1, block):  # c_T is the kernel's
         k1 = min(T - 1, k0 + block)
-        rows = (k1 - k0) * B
-        a = torch.mm(x[k0:k1].reshape(rows, -1), w_ih.t())
+        gx = x[k0:k1] @ w_ih.t()
         if bias is not None:
-            a += bias
-        a.addmm_(points[k0:k1, :, :H].reshape(rows, H), w_hh.t())
-        a = a.view(k1 - k0, B, 4 * H)
-        i, f, g = a[..., :H].sigmoid(), a[..., H : 2 * H].sigmoid(), a[..., 2 * H : 3 * H].tanh()
+            gx += bias
+        a = activated_gates(points[k0:k1], gx, w_hh).view(k1 - k0, B, 4 * H)  # reads h only
+        i, f, g = a[..., :H], a[..., H : 2 * H], a[..., 2 * H : 3 * H]
         c = torch.empty_like(f)
-        affine_scan(f, i.mul_(g), points[k0, :, H:], out=c)
+        affine_scan(f, i * g, points[k0, :, H:], out=c)
         points[k0 + 1 : k1 + 1, :, H:] = c
     return points
 
