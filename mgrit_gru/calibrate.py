@@ -2,18 +2,20 @@
 
     mgrit-gru calibrate [--quick | --full] [--show]
 
-Each kind is timed as the solves run it (fp32, one thread): ``"step"`` and ``"adjoint"`` as a
-level-0 F-relaxation of the MGRIT core over ``rows`` states (the propagator, the core's loop
-and the cost meter included), ``"fused"`` as the serial forward that runs torch.nn.GRU's own
-loop (per step, batch = rows, rows up to :data:`FUSED_ROWS`, where the serial forward uses
-it). A timing is the thread's CPU time (``time.thread_time``: the time other processes take
-the core from it does not count, so that a busy machine still measures its own steps) of a
-sweep of about :data:`UNIT_US`; per row count the least of ``rounds`` timings, the rounds
-interleaved over the row counts so that a disturbance falls on all of them alike. (The
-built-in table was measured as wall-clock medians on an idle machine; there the two agree.)
-Per kind and hidden size ``time = o + c * rows`` is fitted by least squares in relative error
-(every row count counts alike, not the largest one most); the table is the fit at H = 64
-(from another H, ``c`` scaled by ``(64 / H)^H_EXPONENT``).
+Each kind is timed as the solves run it (fp32, one thread): ``"step"`` and ``"adjoint"`` as
+a level-0 F-relaxation of the MGRIT core over ``rows`` states (the propagator, the core's
+loop and the cost meter included), ``"sweep"`` and ``"sweep_adjoint"`` likewise with the
+compiled kernels (:mod:`mgrit_gru.kernels`: the F-relaxation is one call; where they cannot
+be built, their entries are the PyTorch steps'), ``"fused"`` as the serial forward that runs
+torch.nn.GRU's own loop (per step, batch = rows, rows up to :data:`FUSED_ROWS`, where the
+serial forward uses it). A timing is the thread's CPU time (``time.thread_time``: the time
+other processes take the core from it does not count, so that a busy machine still measures
+its own steps) of a sweep of about :data:`UNIT_US`; per row count the least of ``rounds``
+timings, the rounds interleaved over the row counts so that a disturbance falls on all of
+them alike. (The built-in table was measured as wall-clock medians on an idle machine; there
+the two agree.) Per kind and hidden size ``time = o + c * rows`` is fitted by least squares
+in relative error (every row count counts alike, not the largest one most); the table is the
+fit at H = 64 (from another H, ``c`` scaled by ``(64 / H)^H_EXPONENT``).
 
 A calibration is measured only on request (``mgrit-gru calibrate``, or the first
 ``mgrit-gru train`` on a machine without one: :func:`for_run`), never inside a library call,
@@ -38,6 +40,13 @@ from typing import Optional
 import torch
 
 from . import cost
+from .kernels import load as _load_kernels
+
+
+def compiled_available() -> bool:
+    """Whether the compiled CPU kernels can run here (built now if needed)."""
+    return _load_kernels() is not None
+
 
 ROWS = (8, 32, 128, 512, 2048)
 QUICK = {"hidden": (64,), "rows": ROWS}
@@ -85,20 +94,24 @@ def _sweep(
     from .core import Grid
     from .core.cycle import LocalComm, _Solver
     from .gru.cell import GRUCell
+    from .kernels import compiled_for
     from .layer import solve as gs
 
     steps = steps or _steps(kind, rows, H, 16, 64)
     grid = Grid(N=steps * rows, m=steps, n=rows)
     meter = cost.Meter(H, device)
     w_hh = torch.randn(3 * H, H, device=device) / H**0.5
-    if kind == "step":
+    kernel = None
+    if kind.startswith("sweep"):
+        kernel = compiled_for("compiled", w_hh)
+    if kind in ("step", "sweep"):
         gates = torch.randn(grid.M, 1, 3 * H, device=device)
         b = torch.randn(H, device=device)
-        op = gs.ForwardStep(grid, gates, w_hh, b, GRUCell("classic"), meter=meter)
+        op = gs.ForwardStep(grid, gates, w_hh, b, GRUCell("classic"), meter=meter, kernel=kernel)
     else:
         D = torch.rand(grid.M, 1, H, device=device)
         C = torch.rand(grid.M, 1, 3 * H, device=device) * 0.1
-        op = gs.AdjointStep(grid, D, C, w_hh, GRUCell("classic"), meter)
+        op = gs.AdjointStep(grid, D, C, w_hh, GRUCell("classic"), meter, kernel)
     u = torch.rand(steps, rows, 1, H, device=device) - 0.5
     relax = _Solver([grid], [op], "F", LocalComm())
     return (lambda: relax.f_relax(0, u, None)), steps - 1
@@ -124,6 +137,8 @@ def time_points(
     if kind == "fused":
         rows = [r for r in rows if r <= FUSED_ROWS]
         runs = [_fused(r, H) for r in rows]
+    elif kind.startswith("sweep") and not compiled_available():
+        return time_points("step" if kind == "sweep" else "adjoint", H, rows, rounds)
     else:
         runs = [_sweep(kind, r, H) for r in rows]
     best = [float("inf")] * len(runs)
@@ -166,7 +181,7 @@ def measure_fits(
     """kind -> H -> ``(o, c)`` fitted at that H; ``log`` gets one line per fit."""
     fits: dict[str, dict[int, tuple[float, float]]] = {}
     with _measuring():
-        for kind in ("step", "adjoint", "fused"):
+        for kind in cost.KINDS:
             for H in hidden:
                 points = time_points(kind, H, rows, rounds)
                 o, c = fits.setdefault(kind, {})[H] = fit(points)

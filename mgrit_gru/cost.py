@@ -53,12 +53,24 @@ from . import trace
 
 # device kind -> step kind -> (o in us, c in us per row at H = 64); measured on the AMD EPYC
 BUILTIN = {
-    "cpu": {"step": (32.0, 0.40), "fused": (12.0, 0.60), "adjoint": (7.0, 0.50)},
-    "cuda": {"step": (112.1, 0.0026), "fused": (0.54, 0.01), "adjoint": (63.5, 0.0012)},
+    "cpu": {
+        "step": (32.0, 0.40),
+        "fused": (12.0, 0.60),
+        "adjoint": (7.0, 0.50),
+        "sweep": (1.0, 0.30),
+        "sweep_adjoint": (1.0, 0.30),
+    },
+    "cuda": {
+        "step": (112.1, 0.0026),
+        "fused": (0.54, 0.01),
+        "adjoint": (63.5, 0.0012),
+        "sweep": (112.1, 0.0026),
+        "sweep_adjoint": (63.5, 0.0012),
+    },
 }
 CALIBRATION = BUILTIN  # its former name
 H_EXPONENT = 1.75
-KINDS = ("step", "fused", "adjoint")
+KINDS = ("step", "fused", "adjoint", "sweep", "sweep_adjoint")
 THREADS = 1  # a calibration is measured at one thread (torch.set_num_threads(1))
 ENV, CACHE_ENV = "MGRIT_GRU_CALIBRATION", "MGRIT_GRU_CACHE"
 

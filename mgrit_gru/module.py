@@ -30,6 +30,10 @@ class GRU(Recurrent):
             Each rank passes its slice of x (:func:`mgrit_gru.distributed.scatter_time`) and
             the same h0, and gets its slice of y and the global h_n; gradients of the
             parameters and h0 are summed over the group.
+        kernels: which kernels run the sweeps: ``"auto"`` (the compiled CPU kernels where
+            they are built, else PyTorch's steps), ``"compiled"``, ``"pytorch"`` (the
+            reference), or None (default): the process's ``MGRIT_GRU_KERNELS``, else
+            ``"auto"`` (:mod:`mgrit_gru.kernels`).
 
     Call: ``y, h_n = gru(x, h0=None)`` with x ``(T, B, input_size)`` (``(B, T, ·)`` if
     batch_first, or unbatched ``(T, input_size)``) and h0 ``(D * num_layers, B, hidden_size)``;
@@ -58,6 +62,7 @@ class GRU(Recurrent):
         solver: Union[str, MGRIT, Auto] = "auto",
         cell: str = "classic",
         time_group=None,
+        kernels: Optional[str] = None,
     ) -> None:
         if cell not in CELLS:
             raise ValueError(f"GRU: unknown cell={cell!r}; choose one of {CELLS}")
@@ -74,6 +79,7 @@ class GRU(Recurrent):
             dtype,
             solver=solver,
             time_group=time_group,
+            kernels=kernels,
         )
         self.cell = cell
 
@@ -85,10 +91,15 @@ class GRU(Recurrent):
 
     @classmethod
     def from_torch(
-        cls, module: nn.GRU, *, solver: Union[str, MGRIT, Auto] = "auto", cell: str = "classic"
+        cls,
+        module: nn.GRU,
+        *,
+        solver: Union[str, MGRIT, Auto] = "auto",
+        cell: str = "classic",
+        kernels: Optional[str] = None,
     ) -> GRU:
         """A copy of a ``torch.nn.GRU`` (same weights, device and dtype)."""
-        return cls._copy_of(module, solver=solver, cell=cell)
+        return cls._copy_of(module, solver=solver, cell=cell, kernels=kernels)
 
     def _extra_repr_tail(self) -> str:
         return f", cell={self.cell!r}"

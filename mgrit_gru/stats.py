@@ -34,6 +34,9 @@ class SolveStats:
             (``max_iters``), or None.
         cost, serial_cost: the modelled cost (microseconds, :mod:`mgrit_gru.cost`) of what
             this call ran, and of the serial solve alone.
+        kernels: which kernels ran the steps (:mod:`mgrit_gru.kernels`): ``"compiled"`` (the
+            library's compiled sweeps), ``"pytorch"`` (the cell's PyTorch steps) or
+            ``"torch"`` (torch's own RNN kernel, the serial solve of a small batch).
     """
 
     pass_: str
@@ -51,6 +54,7 @@ class SolveStats:
     reason: Optional[str] = None
     cost: float = 0.0
     serial_cost: float = 0.0
+    kernels: str = "pytorch"
 
     @property
     def residual(self) -> float:

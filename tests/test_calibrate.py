@@ -12,7 +12,13 @@ from mgrit_gru import calibrate, cost
 from mgrit_gru.cli import main
 from mgrit_gru.options import auto_cfactor
 
-ROW = {"step": (12.0, 0.5), "fused": (10.0, 0.8), "adjoint": (5.0, 0.25)}
+ROW = {
+    "step": (12.0, 0.5),
+    "fused": (10.0, 0.8),
+    "adjoint": (5.0, 0.25),
+    "sweep": (2.0, 0.3),
+    "sweep_adjoint": (1.5, 0.2),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +104,7 @@ def test_unusable_caches_fall_back_to_builtin(monkeypatch):
     cost.reload()
     assert cost.active().origin == "builtin"
     with pytest.raises(calibrate.CalibrationError):
-        calibrate.save({"step": (1.0, -1.0), "fused": (1.0, 1.0), "adjoint": (1.0, 1.0)})
+        calibrate.save({**ROW, "step": (1.0, -1.0)})
 
 
 def test_environment_override(monkeypatch):

@@ -20,9 +20,10 @@ def mgrit_step_costs(monkeypatch):
     add = cost.Meter.add
 
     def set_factor(factor: float) -> None:
-        def scaled(self, kind, rows, calls=1, level=0):
-            add(self, kind, rows, calls, level)
-            self.spent += (factor - 1) * calls * cost.step_us(kind, rows, self.hidden)
+        def scaled(self, kind, rows, calls=1, level=0, cost_kind=""):
+            add(self, kind, rows, calls, level, cost_kind)
+            step = cost.step_us(cost_kind or kind, rows, self.hidden)
+            self.spent += (factor - 1) * calls * step
 
         monkeypatch.setattr(cost.Meter, "add", scaled)
 

@@ -270,7 +270,8 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
     """keep_gates=True (the default: the backward linearises from the forward's gates) and
     False (recomputes them) give the same outputs and gradients. The gates are kept where the
     fine steps are wide (MGRIT's chunks, or a batch of 64 in the serial sweep), not for a serial
-    sweep over 3 sequences, nor where the serial forward runs torch's fused loop."""
+    sweep over 3 sequences, nor where the serial forward runs torch's fused loop. The compiled
+    sweeps keep them always (a copy inside their own loop)."""
     from mgrit_gru.gru import cell as gru
     from mgrit_gru.layer.solve import FUSED_MAX
 
@@ -282,10 +283,10 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
     lengths = torch.randint(1, T + 1, (B,)) if varlen else None
     wy = torch.randn(T, B, 10 if bidirectional else 5)
     results = []
-    for keep in (True, False):
+    for keep, kernels in ((True, "pytorch"), (False, "pytorch"), (True, "compiled")):
         opts = tight(levels=1) if solver == "serial" else tight(relax=solver, cfactor=4)
         torch.manual_seed(1)
-        ours = mgrit_gru.GRU(3, 5, 2, cell=cell, bidirectional=bidirectional)
+        ours = mgrit_gru.GRU(3, 5, 2, cell=cell, bidirectional=bidirectional, kernels=kernels)
         ours.solver = opts.replace(keep_gates=keep)
         leaf = x.clone().requires_grad_()
         y, h_n = ours(leaf, lengths=lengths)
@@ -293,10 +294,11 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
         results.append([y, h_n, *torch.autograd.grad(loss, [leaf, *ours.parameters()])])
         rows = B * (1 if solver == "serial" else -(-T // 4))  # per fine step
         fused = solver == "serial" and not varlen and cell == "classic" and B * 5 <= FUSED_MAX
-        assert bool(calls) == (keep and rows >= 64 and not fused)
+        assert bool(calls) == (keep and (kernels == "compiled" or (rows >= 64 and not fused)))
         calls.clear()
-    for a, b in zip(*results):
-        assert (a - b).abs().max() < 1e-10
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert (a - b).abs().max() < 1e-10
 
 
 def test_second_backward_after_the_kept_gates_were_reused():

@@ -149,6 +149,21 @@ class LocalComm:
         return value
 
 
+def advance(op: Propagator, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+    """Steps ``j0 .. j1 - 1`` of every chunk: ``u[j + 1] = op(u[j], j) + g[j]``, in one call
+    where the propagator offers a ``sweep`` (a compiled kernel), else step by step."""
+    if j1 <= j0:
+        return
+    sweep = getattr(op, "sweep", None)
+    if sweep is not None:
+        sweep(u, g, j0, j1)
+        return
+    for j in range(j0, j1):
+        op(u[j], j, out=u[j + 1])
+        if g is not None:
+            u[j + 1].add_(g[j])
+
+
 def cf_sweeps(relax: str) -> int:
     """The number of C-then-F sweeps after the first F-relaxation: "F" 0, "FCF" 1, "FCFCF" 2."""
     if not isinstance(relax, str) or not re.fullmatch(r"F(CF)*", relax):
@@ -219,28 +234,31 @@ class _Solver:
         if provisional and recording:
             op.recording = False
         lagged = _Lagged() if (LAGGED_EXIT or u.is_cuda) and type(self.comm) is LocalComm else None
+        steps = self.grids[level].m - 1
         try:
-            for j in range(self.grids[level].m - 1):
-                if exit_tol is not None and j % EXIT_EVERY == EXIT_EVERY - 1:
-                    new = op(u[j], j, out=self._scratch(u))
-                    if g is not None:
-                        new.add_(g[j])
-                    if lagged is not None:
-                        change = (new - u[j + 1]).abs().max()
-                        if lagged.agreed(exit_tol):
-                            return change
-                        lagged.push(change)
-                        u[j + 1].copy_(new)
-                        continue
-                    # one decision for all ranks, as one process holding all chunks would
-                    change = self.comm.max((new - u[j + 1]).abs().max().item())
-                    if change <= exit_tol:
+            if exit_tol is None:
+                advance(op, u, g, 0, steps)
+                return None
+            done = 0  # steps taken; the checks at j = EXIT_EVERY - 1, 2 EXIT_EVERY - 1, ...
+            for j in range(EXIT_EVERY - 1, steps, EXIT_EVERY):
+                advance(op, u, g, done, j)
+                done = j + 1
+                new = op(u[j], j, out=self._scratch(u))
+                if g is not None:
+                    new.add_(g[j])
+                if lagged is not None:
+                    change = (new - u[j + 1]).abs().max()
+                    if lagged.agreed(exit_tol):
                         return change
+                    lagged.push(change)
                     u[j + 1].copy_(new)
                     continue
-                op(u[j], j, out=u[j + 1])
-                if g is not None:
-                    u[j + 1].add_(g[j])
+                # one decision for all ranks, as one process holding all chunks would
+                change = self.comm.max((new - u[j + 1]).abs().max().item())
+                if change <= exit_tol:
+                    return change
+                u[j + 1].copy_(new)
+            advance(op, u, g, done, steps)
         finally:
             if recording is not None:
                 op.recording = recording

@@ -251,10 +251,11 @@ class GRUCell:
     gates, state, kept, coeffs, extra = 3, 1, KEPT, 3, 1
     costs: dict = {}  # the cost model's own kinds
 
-    def __init__(self, kind: str = "classic") -> None:
+    def __init__(self, kind: str = "classic", kernels: Optional[str] = None) -> None:
         if kind not in CELLS:
             raise ValueError(f"GRU: unknown cell={kind!r}; choose one of {CELLS}")
         self.kind = kind
+        self.kernels = kernels  # mgrit_gru.kernels.CHOICES, or None: the process default
         self.fused = kind == "classic"  # torch's loop is the classic GRU
         self.fused_complete = True  # a GRU's state is h
         self.fused_adjoint = False  # the library's adjoint loop beats torch's backward here
@@ -264,7 +265,7 @@ class GRUCell:
 
     @property
     def implicit(self) -> GRUCell:
-        return GRUCell("implicit")
+        return GRUCell("implicit", self.kernels)
 
     def fold_bias(self, b_ih, b_hh, H: int):
         return fold_bias(b_ih, b_hh, H)
@@ -290,6 +291,14 @@ class GRUCell:
 
     def gate_grads(self, lam_next, C, extra, out=None) -> GateGrads:
         return gate_grads(lam_next, C, extra, None if out is None else GateGrads(*out))
+
+    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+        kernel.gru_forward(
+            x0, out, gx, w_hh, rb, g, keep, factor, dt, self.kind == "implicit", *pad, j0
+        )
+
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
+        kernel.gru_adjoint(x0, out, D, C, w_hh, g)
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)

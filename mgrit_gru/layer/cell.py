@@ -48,6 +48,8 @@ class Cell(Protocol):
     # "adjoint", "fused", "fused_adjoint"), (the GRU kind it is measured against, overhead
     # multiplier, per-row multiplier); {} for the GRU itself
     costs: dict
+    # which kernels run its sweeps (mgrit_gru.kernels.CHOICES), None: the process default
+    kernels: Optional[str]
 
     def fold_bias(self, b_ih: Optional[Tensor], b_hh: Optional[Tensor], H: int):
         """The bias added to every step's input gates."""
@@ -59,6 +61,16 @@ class Cell(Protocol):
         """One step of states ``u`` with input gates ``gx``; ``dt`` ``(..., 1)``: the step size
         (0: identity). ``keep`` receives the step's gates (``kept * H``), ``factor`` its
         frozen-gate diagonal factor (``state * H``)."""
+
+    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+        """Steps ``j0 .. j0 + S - 1`` by the compiled module ``kernel``
+        (:mod:`mgrit_gru.kernels`): ``out[s] = step(state_s) + g[s]`` from ``x0`` ``(1, n, B,
+        state * H)``, ``out`` ``(S, n, B, state * H)``; the other arguments as :meth:`step`'s
+        for those steps (views ``(S, n, B, .)``, ``dt`` expanded), ``pad`` ``(chunk, lo, hi)``:
+        that chunk's steps ``lo <= j < hi`` are identity steps (``(-1, 0, 0)``: none)."""
+
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
+        """Adjoint steps by the compiled module: ``out[s] = adjoint_step(state_s) + g[s]``."""
 
     def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
 

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .. import trace
+from ..kernels import check as check_kernels
 from ..options import MGRIT, Auto, Implicit, as_options
 from ..stats import RunStats, SolveStats
 from .autograd import solve_layer
@@ -63,6 +64,7 @@ class Recurrent(nn.Module):
         *,
         solver: Union[str, MGRIT, Auto] = "auto",
         time_group=None,
+        kernels: Optional[str] = None,
     ) -> None:
         super().__init__()
         name = self._NAME
@@ -87,6 +89,7 @@ class Recurrent(nn.Module):
                 stacklevel=3,
             )
         self._cell = cell
+        self.kernels = kernels
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
@@ -110,6 +113,19 @@ class Recurrent(nn.Module):
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
                     self._flat_weights_names.append(name)
         self.reset_parameters()
+
+    @property
+    def kernels(self) -> Optional[str]:
+        """Which kernels run the sweeps (:mod:`mgrit_gru.kernels`): ``"auto"`` (compiled
+        where built for the tensors, else PyTorch), ``"compiled"``, ``"pytorch"``, or None
+        (the default): the process's ``MGRIT_GRU_KERNELS``, else ``"auto"``."""
+        return self._cell.kernels
+
+    @kernels.setter
+    def kernels(self, value: Optional[str]) -> None:
+        if value is not None:
+            check_kernels(value, f"{self._NAME}: kernels")
+        self._cell.kernels = value
 
     @property
     def solver(self):

@@ -25,13 +25,13 @@ there, and its C++ loop has less of it than any Python loop.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import cost, trace, workspace
+from .. import cost, kernels, trace, workspace
 from ..core import (
     Grid,
     SolveResult,
@@ -66,8 +66,14 @@ class ForwardStep:
 
     level = 0  # its MGRIT level (-1: a serial sweep), set by the cycle: for traces
 
-    def __init__(self, grid, gates, w_hh, rb, cell, dt=None, keep=None, factors=None, meter=None):
+    def __init__(
+        self, grid, gates, w_hh, rb, cell, dt=None, keep=None, factors=None, meter=None, kernel=None
+    ):
         self.gx = chunk_view(gates, grid)  # computed with the cell's fold_bias
+        # the compiled module that runs this level's steps (mgrit_gru.kernels), or None: the
+        # cell's PyTorch step; with one, `sweep` runs many steps in one call
+        self.kernel = kernel
+        self.sweep = None if kernel is None else self._sweep
         self.factors = None if factors is None else chunk_view(factors, grid)
         self.meter = meter
         # keep (M, B, kept * H): where every step leaves its gates for the backward (level 0);
@@ -85,6 +91,10 @@ class ForwardStep:
             self.pad = (0, 0, grid.off) if grid.off else (last, grid.N - last * grid.m, grid.m)
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
+        if self.kernel is not None and j is not None:  # one step, compiled
+            out = torch.empty_like(u) if out is None else out
+            self._run(u.unsqueeze(0), out.unsqueeze(0), None, j, j + 1)
+            return out
         gx = self.gx if j is None else self.gx[j]
         dt = None if self.dt is None else (self.dt if j is None else self.dt[j])
         keep = None
@@ -106,6 +116,24 @@ class ForwardStep:
                     factor[c] = 1.0
         return res
 
+    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] =
+        Phi(u[j]) + g[j]`` (``u`` in chunk layout ``(m, n, B, S)``)."""
+        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
+
+    def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        S = j1 - j0
+        keep = self.keep[j0:j1] if self.recording else None
+        factor = None if self.factors is None else self.factors[j0:j1]
+        dt = None if self.dt is None else self.dt[j0:j1].expand(*out.shape[:-1], 1)
+        pad = (-1, 0, 0) if self.pad is None else self.pad
+        self.cell.kernel_forward(
+            self.kernel, x0, out, self.gx[j0:j1], self.w_hh, self.rb, g, keep, factor, dt, pad, j0
+        )
+        if self.meter is not None:
+            rows = out[0].numel() // out.shape[-1]
+            self.meter.add("step", rows, S, level=self.level, cost_kind="sweep")
+
     def chunk_factors(self) -> Tensor:
         """Per chunk ``(n, B, S)``: the product of its steps' factors along the last sweep."""
         return self.factors.prod(0)
@@ -117,13 +145,29 @@ class AdjointStep:
 
     level = 0  # as ForwardStep's
 
-    def __init__(self, grid, D, C, w_hh, cell, meter=None):
+    def __init__(self, grid, D, C, w_hh, cell, meter=None, kernel=None):
         self.D, self.C, self.w_hh = chunk_view(D, grid), chunk_view(C, grid), w_hh
         self.cell = cell
         self.meter = meter
         self._factors: Optional[Tensor] = None
+        self.kernel = kernel  # as ForwardStep's
+        self.sweep = None if kernel is None else self._sweep
+
+    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        """As :meth:`ForwardStep._sweep`: adjoint steps ``j0 .. j1 - 1`` in one call."""
+        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
+
+    def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        self.cell.kernel_adjoint(self.kernel, x0, out, self.D[j0:j1], self.C[j0:j1], self.w_hh, g)
+        if self.meter is not None:
+            rows = out[0].numel() // out.shape[-1]
+            self.meter.add("adjoint", rows, j1 - j0, level=self.level, cost_kind="sweep_adjoint")
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
+        if self.kernel is not None and j is not None:  # one step, compiled
+            out = torch.empty_like(u) if out is None else out
+            self._run(u.unsqueeze(0), out.unsqueeze(0), None, j, j + 1)
+            return out
         if self.meter is not None:
             self.meter.add("adjoint", u.numel() // u.shape[-1], level=self.level)
         if j is None:
@@ -301,7 +345,23 @@ def _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg) -> bool:
     return x.device.type == "cpu" and x.shape[1] * w_hh.shape[1] <= FUSED_MAX
 
 
-def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, rb, cell: Cell, meter) -> list:
+def compiled_kernel(cell: Cell, x: Tensor):
+    """The compiled module that runs this layer's sweeps (:mod:`mgrit_gru.kernels`, by the
+    cell's choice or the process default), or None: the cell's PyTorch steps. Never while a
+    trace records: a trace counts the PyTorch steps' work."""
+    if trace.active():
+        return None
+    return kernels.compiled_for(kernels.check(cell.kernels or kernels.process_default()), x)
+
+
+def kernels_name(kernel, torch_kernel: bool) -> str:
+    """What :attr:`mgrit_gru.stats.SolveStats.kernels` reports."""
+    return "compiled" if kernel is not None else ("torch" if torch_kernel else "pytorch")
+
+
+def coarse_forward_ops(
+    hier: Hierarchy, options: MGRIT, w_hh, rb, cell: Cell, meter, kernel=None
+) -> list:
     """The propagators of the forward's coarse levels."""
     grids = hier.grids
     if isinstance(options.coarse, Implicit):
@@ -314,6 +374,7 @@ def coarse_forward_ops(hier: Hierarchy, options: MGRIT, w_hh, rb, cell: Cell, me
                 implicit_of(cell),
                 pad_steps(hier.dts[lvl], g),
                 meter=meter,
+                kernel=kernel,
             )
             for lvl, g in enumerate(grids)
             if lvl > 0
@@ -405,11 +466,13 @@ def forward_solve(
     S = h0.shape[-1]
     rb = cell.recurrent_bias(b_hh, H)
     steps = T if tg is None else tg.steps
-    fused = cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
+    kernel = compiled_kernel(cell, x)
+    fused = kernel is None and cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
     meter = cost.Meter(H, x.device.type, cell.costs)
-    serial_cost = cost.serial_us(
-        "fused" if fused else "step", steps, B, H, x.device.type, cell.costs
-    )
+    serial_kind = "sweep" if kernel is not None else ("fused" if fused else "step")
+    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
+    # a compiled step keeps its gates in its own loop, at a cost of a copy: always worth it
+    worth_keeping = kernel is not None or _worth_keeping(grids, B, steps)
     hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
     # the input gates, made on their first use; the fused solve's points, and whether it ran
     state: dict = {"fused": fused}
@@ -432,7 +495,7 @@ def forward_solve(
             hier.gates, hier.dts = built.gates, built.dts
 
     kept = None
-    if keep and _worth_keeping(grids, B, steps):
+    if keep and worth_keeping:
         kept = workspace.lease((M, B, cell.kept * H), x)
     if tg is not None and len(grids) > 1 and isinstance(options.coarse, Implicit):
         coarse_gates()  # a collective: every rank, whichever grid it runs
@@ -454,8 +517,7 @@ def forward_solve(
         gx = gates()
         dt = None if mask is None else step_weights(fine, mask, gx)
         lo = off - fine.off
-        wide = kept is not None and _worth_keeping(grids, B, steps)
-        k = kept[lo : lo + fine.M] if wide else None
+        k = kept[lo : lo + fine.M] if kept is not None else None
         coarse_ops = []
         factors = None
         if len(grids) > 1:
@@ -463,8 +525,10 @@ def forward_solve(
                 coarse_gates()  # the implicit coarse steps' gates
             else:
                 factors = workspace.buffer("fwd.factors", (fine.M, B, S), x)  # chunk maps'
-            coarse_ops = coarse_forward_ops(hier, options, w_hh, rb, cell, meter)
-        fine_op = ForwardStep(fine, gx[lo : lo + fine.M], w_hh, rb, cell, dt, k, factors, meter)
+            coarse_ops = coarse_forward_ops(hier, options, w_hh, rb, cell, meter, kernel)
+        fine_op = ForwardStep(
+            fine, gx[lo : lo + fine.M], w_hh, rb, cell, dt, k, factors, meter, kernel
+        )
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
@@ -487,7 +551,9 @@ def forward_solve(
     fused = state["fused"]
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
         hier.kept = kept[off : off + T]
-        if not _worth_keeping(grids, B, steps) or (len(grids) == 1 and fused):
+        if not (kernel is not None or _worth_keeping(grids, B, steps)) or (
+            len(grids) == 1 and fused
+        ):
             hier.release_kept()
     off = grids[0].off
     if len(grids) == 1 and fused:
@@ -500,6 +566,7 @@ def forward_solve(
     elif len(grids) > 1:  # what a time group would exchange here
         trace.message(trace.GATHER, result.u[0])
         trace.message(trace.LAST, result.uend)
+    stats = replace(stats, kernels=kernels_name(kernel, len(grids) == 1 and fused))
     return points, hier, stats
 
 
@@ -642,7 +709,8 @@ def adjoint_solve(
     mgrit_grids = _grids(T, options, len(hier.grids), not reverse, tg)
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
     trace.phase("backward", reverse=not reverse)
-    fused = _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
+    kernel = compiled_kernel(cell, x)
+    fused = kernel is None and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
     state: dict = {}
 
     def coefficients() -> tuple:
@@ -680,15 +748,16 @@ def adjoint_solve(
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type, cell.costs)
-    serial_kind = "fused_adjoint" if fused else "adjoint"
+    serial_kind = "sweep_adjoint" if kernel else ("fused_adjoint" if fused else "adjoint")
     serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
 
     def coarse_ops(grids: list[Grid]) -> list:
         if "ops" not in state:
             if isinstance(options.coarse, Implicit):
                 state["ops"] = _coarse_adjoint_ops(
-                    hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter
-                )
+                    hier, mgrit_grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options,
+                    meter, kernel,
+                )  # fmt: skip
             else:
                 state["ops"] = chunk_map_ops(mgrit_grids, options)
         return state["ops"][: len(grids) - 1]
@@ -712,7 +781,7 @@ def adjoint_solve(
         D_rev, C_rev, _ = coefficients()
         D, C = D_rev[lo : lo + fine.M], C_rev[lo : lo + fine.M]
         g_rev, f_T, scale = forcing()
-        fine_op = AdjointStep(fine, D, C, w_hh, cell, meter)
+        fine_op = AdjointStep(fine, D, C, w_hh, cell, meter, kernel)
         ops = [fine_op] + (coarse_ops(grids) if len(grids) > 1 else [])
         u0 = f_T if fine.off == 0 else torch.zeros_like(f_T)
         work = workspace.buffer(CHUNKS, (fine.m, fine.n, *f_T.shape), f_T)
@@ -738,6 +807,7 @@ def adjoint_solve(
     grids, result, stats = solve_guarded(
         "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
     )
+    stats = replace(stats, kernels=kernels_name(kernel, "grads" in state))
     if "grads" in state:
         hier.release_kept()
         return Adjoint(None, None, None, stats, state["grads"])
@@ -761,7 +831,9 @@ def _fused_adjoint(cell: Cell, x, w_hh, b_ih, b_hh, mask, tg, d_out: Tensor) -> 
     return d_out.shape[-1] == H or not bool(d_out[..., H:].any())
 
 
-def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter):
+def _coarse_adjoint_ops(
+    hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, mask, options, meter, kernel=None
+):
     """The adjoint's implicit coarse levels: VJPs of the forward's coarse implicit steps,
     linearised at the forward states of their coarse points (the coarse gates are made here
     if the forward ran serially and never built them)."""
@@ -792,6 +864,7 @@ def _coarse_adjoint_ops(hier, grids, points, x, w_ih, b_ih, w_hh, b_hh, cell, ma
                 w_hh,
                 implicit,
                 meter,
+                kernel,
             )
         )
     return ops

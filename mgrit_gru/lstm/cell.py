@@ -317,7 +317,12 @@ class LSTMCell:
         "adjoint": ("adjoint", 2.7, 1.85),
         "fused": ("fused", 0.0, 0.87),
         "fused_adjoint": ("fused", 0.0, 3.8),
+        "sweep": ("sweep", 1.0, 1.4),
+        "sweep_adjoint": ("sweep_adjoint", 1.0, 1.4),
     }
+
+    def __init__(self, kernels: Optional[str] = None) -> None:
+        self.kernels = kernels  # mgrit_gru.kernels.CHOICES, or None: the process default
 
     def __repr__(self) -> str:
         return "LSTMCell()"
@@ -343,6 +348,12 @@ class LSTMCell:
     def gate_grads(self, lam_next, C, extra, out=None) -> tuple[Tensor, Tensor]:
         d = gate_grads(lam_next, C, None if out is None else out[0])
         return d, d  # both biases and both weights see the same pre-activations
+
+    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+        kernel.lstm_forward(x0, out, gx, w_hh, g, keep, factor, dt, *pad, j0)
+
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
+        kernel.lstm_adjoint(x0, out, D, C, w_hh, g)
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)

@@ -53,6 +53,7 @@ class LSTM(Recurrent):
         *,
         solver: Union[str, MGRIT, Auto] = "auto",
         time_group=None,
+        kernels: Optional[str] = None,
     ) -> None:
         if proj_size != 0:
             raise ValueError(
@@ -72,13 +73,20 @@ class LSTM(Recurrent):
             dtype,
             solver=solver,
             time_group=time_group,
+            kernels=kernels,
         )
         self.proj_size = 0
 
     @classmethod
-    def from_torch(cls, module: nn.LSTM, *, solver: Union[str, MGRIT, Auto] = "auto") -> LSTM:
+    def from_torch(
+        cls,
+        module: nn.LSTM,
+        *,
+        solver: Union[str, MGRIT, Auto] = "auto",
+        kernels: Optional[str] = None,
+    ) -> LSTM:
         """A copy of a ``torch.nn.LSTM`` (same weights, device and dtype)."""
-        return cls._copy_of(module, solver=solver)
+        return cls._copy_of(module, solver=solver, kernels=kernels)
 
     def _initial_state(self, hx, batch: Optional[int]) -> Tensor:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:

@@ -1,0 +1,168 @@
+// The GRU's compiled CPU sweeps: steps j0 .. j0 + S - 1 of every chunk in one call.
+// The math is mgrit_gru/gru/cell.py's step and adjoint_step, which stay the reference.
+#include "../kernels/common.h"
+
+#include <ATen/Parallel.h>
+
+namespace mgrit {
+
+// Forward: out[s] = step(state_s) (+ g[s]); state_0 = x0[0], state_s = out[s - 1].
+// gx (S, n, B, 3H) input gates with the folded bias; keep (S, n, B, 4H) <- [r, z, n, gh_n];
+// factor (S, n, B, H) <- 1 - theta; dt (S, n, B, 1) step sizes (absent: 1); rows of chunk
+// pad_c at steps lo <= j0 + s < hi are identity steps (factor 1).
+template <typename T>
+static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, const Tensor& w_hh,
+                             const Tensor& b_hn, const Tensor& g, const Tensor& keep, const Tensor& factor,
+                             const Tensor& dt, bool implicit, int64_t pad_c, int64_t pad_lo, int64_t pad_hi,
+                             int64_t j0) {
+  const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
+  const Tensor wt = w_hh.t().contiguous();  // (H, 3H)
+  Tensor gh = at::empty({R, 3 * H}, out.options());
+  Tensor stage = at::empty({R, H}, out.options());
+  std::vector<T*> ptrs;
+  View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
+  const T* bias = b_hn.defined() ? b_hn.data_ptr<T>() : nullptr;
+  for (int64_t s = 0; s < S; ++s) {
+    const View<T>& vin = s == 0 ? vx0 : vout;
+    const int64_t sin = s == 0 ? 0 : s - 1;
+    rows_gemm<T>(vin, sin, R, H, wt, gh, ptrs, stage);
+    const T* ghp = gh.data_ptr<T>();
+    const int64_t j = j0 + s;
+    auto rows = [&](int64_t r0, int64_t r1) {
+      // per row: [r, z, n, gh_n] in a contiguous scratch (the kept gates' layout), then the
+      // update; each loop runs over H contiguous values and vectorises
+      std::vector<T> scratch(5 * H);
+      T* __restrict gates = scratch.data();
+      T* __restrict theta = gates + 4 * H;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* h = vin.row(sin, r);
+        const T* a = vgx.row(s, r);
+        const T* q = ghp + r * 3 * H;
+        T* o = vout.row(s, r);
+        for (int64_t k = 0; k < 2 * H; ++k) gates[k] = a[k] + q[k];
+        sigmoid_inplace<T>(gates, 2 * H);
+        T* __restrict nn = gates + 2 * H;
+        T* __restrict ghn = gates + 3 * H;
+        for (int64_t k = 0; k < H; ++k) {
+          ghn[k] = bias ? q[2 * H + k] + bias[k] : q[2 * H + k];
+          nn[k] = a[2 * H + k] + gates[k] * ghn[k];
+        }
+        tanh_inplace<T>(nn, H);
+        const T step = vdt.defined() ? vdt.row(s, r)[0] : T(1);
+        const T* z = gates + H;
+        if (implicit) {
+          for (int64_t k = 0; k < H; ++k) {
+            const T w = (T(1) - z[k]) * step;
+            theta[k] = w / (w + T(1));
+          }
+        } else {
+          for (int64_t k = 0; k < H; ++k) theta[k] = (T(1) - z[k]) * step;
+        }
+        const bool identity = (r / B) == pad_c && j >= pad_lo && j < pad_hi;
+        if (identity) {
+          for (int64_t k = 0; k < H; ++k) theta[k] = T(0);
+        }
+        for (int64_t k = 0; k < H; ++k) o[k] = h[k] + theta[k] * (nn[k] - h[k]);
+        if (vg.defined()) {
+          const T* gp = vg.row(s, r);
+          for (int64_t k = 0; k < H; ++k) o[k] += gp[k];
+        }
+        if (vkeep.defined()) std::memcpy(vkeep.row(s, r), gates, sizeof(T) * 4 * H);
+        if (vfac.defined()) {
+          T* fp = vfac.row(s, r);
+          for (int64_t k = 0; k < H; ++k) fp[k] = T(1) - theta[k];
+        }
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, rows);
+    else
+      rows(0, R);
+  }
+}
+
+// Adjoint: out[s] = D * lam + (C * [lam, lam, lam]) @ W_hh (+ g[s]); lam_0 = x0[0].
+template <typename T>
+static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
+                             const Tensor& g) {
+  const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
+  const Tensor w = w_hh.contiguous();  // (3H, H)
+  Tensor weighted = at::empty({R, 3 * H}, out.options());
+  Tensor prod = at::empty({R, H}, out.options());
+  std::vector<T*> ptrs(R);
+  View<T> vx0(x0), vout(out), vD(D), vC(C), vg(g);
+  T* wp = weighted.data_ptr<T>();
+  T* pp = prod.data_ptr<T>();
+  for (int64_t s = 0; s < S; ++s) {
+    const View<T>& vin = s == 0 ? vx0 : vout;
+    const int64_t sin = s == 0 ? 0 : s - 1;
+    auto prep = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* lam = vin.row(sin, r);
+        const T* c = vC.row(s, r);
+        T* wr = wp + r * 3 * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const T l = lam[k];
+          wr[k] = c[k] * l;
+          wr[H + k] = c[H + k] * l;
+          wr[2 * H + k] = c[2 * H + k] * l;
+        }
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, prep);
+    else
+      prep(0, R);
+    if (R <= SMALL_ROWS) {
+      for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
+      small_gemm<T>(ptrs.data(), R, 3 * H, w.data_ptr<T>(), H, pp, false);
+    } else {
+      at::mm_out(prod, weighted, w);
+    }
+    auto fin = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* lam = vin.row(sin, r);
+        const T* d = vD.row(s, r);
+        const T* gp = vg.defined() ? vg.row(s, r) : nullptr;
+        const T* p = pp + r * H;
+        T* o = vout.row(s, r);
+        for (int64_t k = 0; k < H; ++k) {
+          T v = d[k] * lam[k] + p[k];
+          if (gp) v += gp[k];
+          o[k] = v;
+        }
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, fin);
+    else
+      fin(0, R);
+  }
+}
+
+static Tensor opt(const c10::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
+
+void gru_forward(const Tensor& x0, Tensor out, const Tensor& gx, const Tensor& w_hh,
+                 const c10::optional<Tensor>& b_hn, const c10::optional<Tensor>& g,
+                 const c10::optional<Tensor>& keep, const c10::optional<Tensor>& factor,
+                 const c10::optional<Tensor>& dt, bool implicit, int64_t pad_c, int64_t pad_lo, int64_t pad_hi,
+                 int64_t j0) {
+  for (const Tensor& t : {gx, w_hh, opt(b_hn), opt(g), opt(keep), opt(factor), opt(dt), x0})
+    check_same(t, out, "every argument");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_forward", [&] {
+    gru_forward_impl<scalar_t>(x0, out, gx, w_hh, opt(b_hn), opt(g), opt(keep), opt(factor), opt(dt), implicit,
+                               pad_c, pad_lo, pad_hi, j0);
+  });
+}
+
+void gru_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
+                 const c10::optional<Tensor>& g) {
+  for (const Tensor& t : {D, C, w_hh, opt(g), x0}) check_same(t, out, "every argument");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_adjoint", [&] {
+    gru_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt(g));
+  });
+}
+
+}  // namespace mgrit

@@ -1,0 +1,157 @@
+"""Which kernels run a cell's sweeps, and the compiled CPU ones' build.
+
+A sweep (steps ``j0 .. j1`` of every chunk, or of the one serial chunk) runs either as the
+per-step PyTorch code of the cell (the reference, ``"pytorch"``) or as one call into a
+compiled kernel (``"compiled"``: C++ for CPU tensors, in each cell's folder:
+``gru/gru_cpu.cpp``, ``lstm/lstm_cpu.cpp``).
+``kernels="auto"`` (the default) takes the compiled kernel where one is built for the tensors'
+device and dtype (float32, float64 on the CPU) and the PyTorch code elsewhere.
+
+The choice, per module ``mgrit_gru.GRU(..., kernels=...)`` / ``mgrit_gru.LSTM(...)``, or for
+the whole process by the environment variable ``MGRIT_GRU_KERNELS`` (``auto``, ``compiled``,
+``pytorch``; a module's own choice wins over it). ``"compiled"`` where no kernel can be built
+is an error that says why; ``"auto"`` then runs the PyTorch code, and the solve statistics say
+which kernels ran (``SolveStats.kernels``).
+
+The build: :func:`build` compiles the C++ sources with ``torch.utils.cpp_extension`` (g++
+and ninja; ``-O3 -march=native``) into ``$MGRIT_GRU_BUILD`` or ``~/.cache/mgrit-gru/kernels``,
+in a folder named after the sources, torch's version and the CPU, so that another CPU or a
+changed source builds anew. The README's set-up builds it (``python -m mgrit_gru.kernels``,
+about a minute); a process that finds no build compiles it at its first compiled sweep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+ENV, BUILD_ENV = "MGRIT_GRU_KERNELS", "MGRIT_GRU_BUILD"
+CHOICES = ("auto", "compiled", "pytorch")
+_ROOT = Path(__file__).resolve().parent.parent
+SOURCES = (
+    _ROOT / "kernels" / "bindings.cpp",
+    _ROOT / "gru" / "gru_cpu.cpp",
+    _ROOT / "lstm" / "lstm_cpu.cpp",
+)
+HEADERS = (_ROOT / "kernels" / "common.h",)
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-std=c++17")
+DTYPES = (torch.float32, torch.float64)
+
+_lock = threading.Lock()
+_module = None
+_error: Optional[str] = None
+
+
+def check(value, where: str = "kernels") -> str:
+    """``value`` as one of :data:`CHOICES`, or a ValueError naming them."""
+    if value not in CHOICES:
+        raise ValueError(f"{where}={value!r}: choose one of {CHOICES}")
+    return value
+
+
+def process_default() -> str:
+    """``MGRIT_GRU_KERNELS`` (default ``auto``)."""
+    value = os.environ.get(ENV, "").strip().lower() or "auto"
+    return check(value, ENV)
+
+
+def _key() -> str:
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.name.encode() + path.read_bytes())
+    from ..cost import cpu_name
+
+    digest.update(f"{torch.__version__}|{cpu_name()}|{platform.machine()}|{FLAGS}".encode())
+    return digest.hexdigest()[:16]
+
+
+def build_dir() -> Path:
+    folder = os.environ.get(BUILD_ENV)
+    base = Path(folder) if folder else Path.home() / ".cache" / "mgrit-gru" / "kernels"
+    return base / _key()
+
+
+def _missing_tools() -> Optional[str]:
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None and shutil.which("g++") is None:
+        return "no C++ compiler (c++ or g++) on PATH"
+    ninja = Path(sys.executable).with_name("ninja")
+    if shutil.which("ninja") is None and not ninja.exists():
+        return "no ninja on PATH (pip install ninja)"
+    return None
+
+
+def load(build: bool = True):
+    """The compiled module, built if needed and ``build``; None (and :func:`error` says why)
+    where it cannot be built or loaded."""
+    global _module, _error
+    if _module is not None or _error is not None:
+        return _module
+    with _lock:
+        if _module is not None or _error is not None:
+            return _module
+        missing = _missing_tools()
+        if missing:
+            _error = missing
+            return None
+        folder = build_dir()
+        name = f"mgrit_gru_cpu_{folder.name}"
+        built = any(folder.glob(f"{name}*.so"))
+        if not built and not build:
+            return None
+        if not built:
+            warnings.warn(
+                "mgrit_gru: compiling the CPU kernels for this machine once (about a minute; "
+                "`python -m mgrit_gru.kernels` does it ahead)",
+                stacklevel=3,
+            )
+        ninja_dir = str(Path(sys.executable).parent)
+        if ninja_dir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = ninja_dir + os.pathsep + os.environ.get("PATH", "")
+        try:
+            from torch.utils import cpp_extension
+
+            folder.mkdir(parents=True, exist_ok=True)
+            _module = cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=list(FLAGS),
+                build_directory=str(folder),
+                verbose=False,
+            )
+        except Exception as exc:  # a failed build: the PyTorch path runs; error() says why
+            lines = str(exc).strip().splitlines()
+            _error = f"the build failed: {lines[-1] if lines else type(exc).__name__}"
+        return _module
+
+
+def error() -> Optional[str]:
+    """Why the compiled kernels are unavailable (None while they are, or before a load)."""
+    return _error
+
+
+def compiled_for(choice: str, t: torch.Tensor):
+    """The compiled module to run sweeps on ``t``'s device and dtype under ``choice`` (a
+    resolved :data:`CHOICES` value), or None for the PyTorch code. ``"compiled"`` raises
+    where no kernel serves ``t``."""
+    if choice == "pytorch":
+        return None
+    fits = t.device.type == "cpu" and t.dtype in DTYPES
+    module = load() if fits else None
+    if module is None and choice == "compiled":
+        why = (
+            f"no compiled kernel for {t.device.type} tensors of {t.dtype}"
+            if not fits
+            else f"the CPU kernels are unavailable: {_error}"
+        )
+        raise RuntimeError(f"mgrit_gru: kernels='compiled': {why}; use kernels='auto' or 'pytorch'")
+    return module

@@ -1,0 +1,25 @@
+// The Python module of the compiled CPU sweeps (built by mgrit_gru/kernels/__init__.py).
+#include <torch/extension.h>
+
+namespace mgrit {
+void gru_forward(const at::Tensor& x0, at::Tensor out, const at::Tensor& gx, const at::Tensor& w_hh,
+                 const c10::optional<at::Tensor>& b_hn, const c10::optional<at::Tensor>& g,
+                 const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& factor,
+                 const c10::optional<at::Tensor>& dt, bool implicit, int64_t pad_c, int64_t pad_lo,
+                 int64_t pad_hi, int64_t j0);
+void gru_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, const at::Tensor& C,
+                 const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
+void lstm_forward(const at::Tensor& x0, at::Tensor out, const at::Tensor& gx, const at::Tensor& w_hh,
+                  const c10::optional<at::Tensor>& g, const c10::optional<at::Tensor>& keep,
+                  const c10::optional<at::Tensor>& factor, const c10::optional<at::Tensor>& dt,
+                  int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0);
+void lstm_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, const at::Tensor& C,
+                  const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
+}  // namespace mgrit
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gru_forward", &mgrit::gru_forward);
+  m.def("gru_adjoint", &mgrit::gru_adjoint);
+  m.def("lstm_forward", &mgrit::lstm_forward);
+  m.def("lstm_adjoint", &mgrit::lstm_adjoint);
+}

@@ -1,0 +1,172 @@
+// The LSTM's compiled CPU sweeps on the stacked state [h, c]: steps j0 .. j0 + S - 1 of every
+// chunk in one call. The math is mgrit_gru/lstm/cell.py's step and adjoint_step, which stay
+// the reference.
+#include "../kernels/common.h"
+
+#include <ATen/Parallel.h>
+
+namespace mgrit {
+
+// Forward: out[s] = step(state_s) (+ g[s]); state_0 = x0[0], state_s = out[s - 1]; states
+// (.., 2H) = [h, c]. gx (S, n, B, 4H) input gates with both biases; keep <- [i, f, g, o];
+// factor <- [0, f]; dt (S, n, B, 1): a step with dt <= 0 is the identity (factor 1), as are
+// the rows of chunk pad_c at steps pad_lo <= j0 + s < pad_hi.
+template <typename T>
+static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, const Tensor& w_hh,
+                              const Tensor& g, const Tensor& keep, const Tensor& factor, const Tensor& dt,
+                              int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0) {
+  const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
+  const Tensor wt = w_hh.t().contiguous();  // (H, 4H)
+  Tensor pre = at::empty({R, 4 * H}, out.options());
+  Tensor stage = at::empty({R, H}, out.options());
+  std::vector<T*> ptrs;
+  View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
+  for (int64_t s = 0; s < S; ++s) {
+    const View<T>& vin = s == 0 ? vx0 : vout;
+    const int64_t sin = s == 0 ? 0 : s - 1;
+    rows_gemm<T>(vin, sin, R, H, wt, pre, ptrs, stage);  // reads h, the first H of a row
+    const T* pp = pre.data_ptr<T>();
+    const int64_t j = j0 + s;
+    auto rows = [&](int64_t r0, int64_t r1) {
+      // per row: the activated gates [i, f, g, o] in a contiguous scratch (the kept gates'
+      // layout), then the update; each loop runs over contiguous values and vectorises
+      std::vector<T> scratch(5 * H);
+      T* __restrict gates = scratch.data();
+      T* __restrict tc = gates + 4 * H;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* u = vin.row(sin, r);
+        const T* a = vgx.row(s, r);
+        const T* q = pp + r * 4 * H;
+        T* o = vout.row(s, r);
+        for (int64_t k = 0; k < 4 * H; ++k) gates[k] = a[k] + q[k];
+        sigmoid_inplace<T>(gates, 2 * H);
+        tanh_inplace<T>(gates + 2 * H, H);
+        sigmoid_inplace<T>(gates + 3 * H, H);
+        const T *ig = gates, *fg = gates + H, *gg = gates + 2 * H, *og = gates + 3 * H;
+        const bool identity = (vdt.defined() && !(vdt.row(s, r)[0] > T(0))) ||
+                              ((r / B) == pad_c && j >= pad_lo && j < pad_hi);
+        T* fp = vfac.defined() ? vfac.row(s, r) : nullptr;
+        if (identity) {
+          std::memmove(o, u, sizeof(T) * 2 * H);
+          if (fp)
+            for (int64_t k = 0; k < 2 * H; ++k) fp[k] = T(1);
+        } else {
+          for (int64_t k = 0; k < H; ++k) tc[k] = fg[k] * u[H + k] + ig[k] * gg[k];
+          for (int64_t k = 0; k < H; ++k) o[H + k] = tc[k];
+          tanh_inplace<T>(tc, H);
+          for (int64_t k = 0; k < H; ++k) o[k] = og[k] * tc[k];
+          if (fp) {
+            for (int64_t k = 0; k < H; ++k) fp[k] = T(0);
+            for (int64_t k = 0; k < H; ++k) fp[H + k] = fg[k];
+          }
+        }
+        if (vg.defined()) {
+          const T* gp = vg.row(s, r);
+          for (int64_t k = 0; k < 2 * H; ++k) o[k] += gp[k];
+        }
+        if (vkeep.defined()) std::memcpy(vkeep.row(s, r), gates, sizeof(T) * 4 * H);
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, rows);
+    else
+      rows(0, R);
+  }
+}
+
+// Adjoint: with lam = [lam_h, lam_c], C = [A, C_i, C_f, C_g, C_o], D = [D_h, D_c]:
+// s = lam_c + A lam_h, d = [C_i s, C_f s, C_g s, C_o lam_h],
+// out = [d @ W_hh + D_h lam_h, D_c s] (+ g[s]).
+template <typename T>
+static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
+                              const Tensor& g) {
+  const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
+  const Tensor w = w_hh.contiguous();  // (4H, H)
+  Tensor d = at::empty({R, 4 * H}, out.options());
+  Tensor prod = at::empty({R, H}, out.options());
+  std::vector<T*> ptrs(R);
+  View<T> vx0(x0), vout(out), vD(D), vC(C), vg(g);
+  T* dp = d.data_ptr<T>();
+  T* pp = prod.data_ptr<T>();
+  for (int64_t s = 0; s < S; ++s) {
+    const View<T>& vin = s == 0 ? vx0 : vout;
+    const int64_t sin = s == 0 ? 0 : s - 1;
+    auto prep = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* lam = vin.row(sin, r);
+        const T* c = vC.row(s, r);
+        T* dr = dp + r * 4 * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const T lh = lam[k];
+          const T sv = lam[H + k] + c[k] * lh;
+          dr[k] = c[H + k] * sv;
+          dr[H + k] = c[2 * H + k] * sv;
+          dr[2 * H + k] = c[3 * H + k] * sv;
+          dr[3 * H + k] = c[4 * H + k] * lh;
+        }
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, prep);
+    else
+      prep(0, R);
+    if (R <= SMALL_ROWS) {
+      for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
+      small_gemm<T>(ptrs.data(), R, 4 * H, w.data_ptr<T>(), H, pp, false);
+    } else {
+      at::mm_out(prod, d, w);
+    }
+    auto fin = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* lam = vin.row(sin, r);
+        const T* c = vC.row(s, r);
+        const T* dd = vD.row(s, r);
+        const T* gp = vg.defined() ? vg.row(s, r) : nullptr;
+        const T* p = pp + r * H;
+        T* o = vout.row(s, r);
+        for (int64_t k = 0; k < H; ++k) {
+          const T lh = lam[k];
+          const T sv = lam[H + k] + c[k] * lh;
+          T vh = p[k] + dd[k] * lh;
+          T vc = dd[H + k] * sv;
+          if (gp) {
+            vh += gp[k];
+            vc += gp[H + k];
+          }
+          o[k] = vh;
+          o[H + k] = vc;
+        }
+      }
+    };
+    if (R * H >= 32768)
+      at::parallel_for(0, R, 16, fin);
+    else
+      fin(0, R);
+  }
+}
+
+static Tensor opt_(const c10::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
+
+void lstm_forward(const Tensor& x0, Tensor out, const Tensor& gx, const Tensor& w_hh,
+                  const c10::optional<Tensor>& g, const c10::optional<Tensor>& keep,
+                  const c10::optional<Tensor>& factor, const c10::optional<Tensor>& dt, int64_t pad_c,
+                  int64_t pad_lo, int64_t pad_hi, int64_t j0) {
+  for (const Tensor& t : {gx, w_hh, opt_(g), opt_(keep), opt_(factor), opt_(dt), x0})
+    check_same(t, out, "every argument");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "lstm_forward", [&] {
+    lstm_forward_impl<scalar_t>(x0, out, gx, w_hh, opt_(g), opt_(keep), opt_(factor), opt_(dt), pad_c, pad_lo,
+                                 pad_hi, j0);
+  });
+}
+
+void lstm_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
+                  const c10::optional<Tensor>& g) {
+  for (const Tensor& t : {D, C, w_hh, opt_(g), x0}) check_same(t, out, "every argument");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "lstm_adjoint", [&] {
+    lstm_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt_(g));
+  });
+}
+
+}  // namespace mgrit

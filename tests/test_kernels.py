@@ -1,0 +1,261 @@
+"""The compiled CPU sweeps (mgrit_gru/kernels, gru/gru_cpu.cpp, lstm/lstm_cpu.cpp) against
+the cells' PyTorch steps and torch.nn.GRU / torch.nn.LSTM: outputs, final states and every
+gradient, float64 to 1e-12 over lengths, identity steps (padding of odd lengths), layers,
+both directions, the implicit cell and every coarse correction; float32 within torch's own
+float32 error. The switch (per module, per process), the statistics and the fallback where no
+kernel is built."""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import max_errors, tight
+
+import mgrit_gru
+from mgrit_gru import kernels
+from mgrit_gru.gru import cell as gru_cell
+from mgrit_gru.lstm import cell as lstm_cell
+
+pytestmark = pytest.mark.skipif(
+    kernels.load() is None, reason=f"no compiled kernels here: {kernels.error()}"
+)
+
+
+def _grads(module, x, h0, wy, wh, lengths=None):
+    """Outputs, final state(s) and the gradients of a random linear loss (x, h0, parameters)."""
+    leaf = x.detach().clone().requires_grad_()
+    states = [s.detach().clone().requires_grad_() for s in h0]
+    hx = states[0] if len(states) == 1 else tuple(states)
+    if lengths is None:
+        y, hn = module(leaf, hx)
+    else:
+        y, hn = module(leaf, hx, lengths=lengths)
+    hn = hn if isinstance(hn, tuple) else (hn,)
+    loss = (y * wy).sum() + sum((h * w).sum() for h, w in zip(hn, wh))
+    grads = torch.autograd.grad(loss, [leaf, *states, *module.parameters()])
+    return [y.detach(), *(h.detach() for h in hn), *grads]
+
+
+def _solvers():
+    return {
+        "serial": "serial",
+        "secant": tight(cfactor=4),
+        "frozen-FCFCF": tight(cfactor=8, relax="FCFCF", coarse="frozen"),
+        "implicit-F-3lev": tight(cfactor=4, relax="F", coarse="implicit", levels=3),
+    }
+
+
+@pytest.mark.parametrize("solver", list(_solvers()))
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+def test_compiled_equals_pytorch_and_torch_float64(model, solver):
+    """Two layers, both directions, an odd length (the last chunk padded with identity
+    steps): the compiled sweeps, the PyTorch steps and torch's module agree to 1e-12."""
+    if model == "lstm" and solver.startswith("implicit"):
+        pytest.skip("the LSTM has no implicit coarse step")
+    torch.manual_seed(3)
+    T, B, I, H = 53, 3, 4, 6
+    ref = (torch.nn.GRU if model == "gru" else torch.nn.LSTM)(I, H, 2, bidirectional=True)
+    cls = mgrit_gru.GRU if model == "gru" else mgrit_gru.LSTM
+    x = torch.randn(T, B, I)
+    h0 = [torch.randn(4, B, H)] * (1 if model == "gru" else 2)
+    h0 = [h.clone() for h in h0]
+    wy, wh = torch.randn(T, B, 2 * H), [torch.randn(4, B, H) for _ in h0]
+    want = _grads(ref, x, h0, wy, wh)
+    runs = {}
+    for choice in ("pytorch", "compiled"):
+        ours = cls.from_torch(ref, solver=_solvers()[solver])
+        ours.kernels = choice
+        runs[choice] = _grads(ours, x, h0, wy, wh)
+        ran = {s.kernels for s in ours.last_stats.forward + ours.last_stats.backward}
+        assert ran == ({"compiled"} if choice == "compiled" else ran - {"compiled"})
+    for got in runs.values():
+        for a, b in zip(got, want):
+            assert (a - b).abs().max() < 1e-12
+    for a, b in zip(runs["compiled"], runs["pytorch"]):
+        assert (a - b).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+def test_lengths_are_identity_steps_in_the_kernels(model, solver):
+    """Sequences of their own lengths (identity steps past each end, in both directions)."""
+    torch.manual_seed(4)
+    T, B, I, H = 40, 4, 3, 5
+    ref = (torch.nn.GRU if model == "gru" else torch.nn.LSTM)(I, H, bidirectional=True)
+    cls = mgrit_gru.GRU if model == "gru" else mgrit_gru.LSTM
+    opts = "serial" if solver == "serial" else tight(cfactor=4)
+    lengths = torch.tensor([40, 17, 1, 33])
+    x = torch.randn(T, B, I)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+    with torch.no_grad():
+        y_ref, _ = ref(packed)
+    y_ref, _ = torch.nn.utils.rnn.pad_packed_sequence(y_ref, total_length=T)
+    outs = {}
+    for choice in ("pytorch", "compiled"):
+        ours = cls.from_torch(ref, solver=opts)
+        ours.kernels = choice
+        leaf = x.clone().requires_grad_()
+        y, _ = ours(leaf, lengths=lengths)
+        y.square().sum().backward()
+        outs[choice] = (y.detach(), leaf.grad)
+        assert (y.detach() - y_ref).abs().max() < 1e-12
+    for a, b in zip(outs["compiled"], outs["pytorch"]):
+        assert (a - b).abs().max() < 1e-12
+
+
+def test_float32_within_torchs_own_error():
+    """float32: the compiled GRU and LSTM differ from the float64 answer no more than
+    torch.nn's own float32 modules do (times 4: another, equally rounded arithmetic)."""
+    torch.manual_seed(5)
+    T, B, I, H = 400, 4, 8, 32
+    for torch_cls, cls in ((torch.nn.GRU, mgrit_gru.GRU), (torch.nn.LSTM, mgrit_gru.LSTM)):
+        ref = torch_cls(I, H)
+        x = torch.randn(T, B, I)
+        with torch.no_grad():
+            exact, _ = ref(x)
+            ref32 = copy.deepcopy(ref).float()
+            torch_err = (ref32(x.float())[0].double() - exact).abs().max().item()
+            for solver in ("serial", mgrit_gru.MGRIT(cfactor=16)):
+                ours = cls.from_torch(ref32, solver=solver, kernels="compiled")
+                y, _ = ours(x.float())
+                assert {s.kernels for s in ours.last_stats.forward} == {"compiled"}
+                err = (y.double() - exact).abs().max().item()
+                assert err <= 4 * torch_err + 1e-6, (cls, solver, err, torch_err)
+
+
+def test_one_step_and_sweep_agree_with_the_cell_steps():
+    """The kernels' own contract, below the solve: strided (chunk layout) inputs, forcing,
+    kept gates, frozen-gate factors, dt (0: identity) and a padded chunk, step by step against
+    the cells' PyTorch steps."""
+    torch.manual_seed(6)
+    K = kernels.load()
+    S, n, B, H = 6, 3, 2, 5
+    dt = (torch.rand(S, n, B, 1) > 0.3).double()
+    g = torch.randn(S, n, B, 2 * H) * 0.1
+    x0 = torch.randn(n, B, 2 * H)
+    for model in ("gru", "lstm", "implicit"):
+        W = 2 * H if model == "lstm" else H
+        G = 4 * H if model == "lstm" else 3 * H
+        gx = torch.randn(n, S, B, G).transpose(0, 1)  # chunk layout: strided
+        w = torch.randn(G, H) / H**0.5
+        b = torch.randn(H)
+        out = torch.empty(S, n, B, W)
+        keep = torch.empty(S, n, B, 4 * H)
+        fac = torch.empty(S, n, B, W)
+        if model == "lstm":
+            K.lstm_forward(x0[None], out, gx, w, g, keep, fac, dt, 1, 2, 4, 0)
+        else:
+            K.gru_forward(
+                x0[None, ..., :H], out, gx, w, b, g[..., :H], keep, fac, dt,
+                model == "implicit", 1, 2, 4, 0,
+            )  # fmt: skip
+        u = x0[..., :W]
+        for s in range(S):
+            k, f = torch.empty(n, B, 4 * H), torch.empty(n, B, W)
+            if model == "lstm":
+                new = lstm_cell.step(u, gx[s], w, dt[s], keep=k, factor=f)
+            else:
+                kind = "implicit" if model == "implicit" else "classic"
+                new = gru_cell.step(u, gx[s], w, b, kind, dt[s], keep=k, factor=f)
+            if 2 <= s < 4:  # chunk 1 padded at steps 2, 3
+                new[1], f[1] = u[1], 1.0
+            new = new + g[s, ..., :W]
+            for got, want in ((out[s], new), (keep[s], k), (fac[s], f)):
+                assert (got - want).abs().max() < 1e-13
+            u = new
+
+
+def test_nan_flows_and_saturation_is_exact_in_the_kernels():
+    """A NaN reaching a step (from the weights, say) is a NaN in its outputs and every later
+    one, as in torch (never a finite wrong number); huge pre-activations saturate the gates
+    exactly, without overflow, in float32 (whose exp the kernel computes itself)."""
+    K = kernels.load()
+    S, H = 6, 8
+    for dtype in (torch.float32, torch.float64):
+        gx = torch.randn(S, 1, 2, 3 * H, dtype=dtype)
+        gx[2, 0, 0, 5] = math.nan
+        gx[:, 0, 1] = 1e30 * torch.sign(gx[:, 0, 1])
+        w = torch.randn(3 * H, H, dtype=dtype)
+        out = torch.empty(S, 1, 2, H, dtype=dtype)
+        K.gru_forward(torch.zeros(1, 1, 2, H, dtype=dtype), out, gx, w, None, None, None, None,
+                      None, False, -1, 0, 0, 0)  # fmt: skip
+        assert torch.isnan(out[2:, 0, 0]).any(-1).all() and torch.isfinite(out[:2, 0, 0]).all()
+        assert torch.isfinite(out[:, 0, 1]).all() and out[:, 0, 1].abs().max() <= 1.0
+        gx4 = torch.randn(S, 1, 2, 4 * H, dtype=dtype)
+        gx4[2, 0, 0, 3] = math.nan
+        gx4[:, 0, 1] = 1e30 * torch.sign(gx4[:, 0, 1])
+        out = torch.empty(S, 1, 2, 2 * H, dtype=dtype)
+        w4 = torch.randn(4 * H, H, dtype=dtype)
+        u0 = torch.zeros(1, 1, 2, 2 * H, dtype=dtype)
+        K.lstm_forward(u0, out, gx4, w4, None, None, None, None, -1, 0, 0, 0)
+        assert torch.isnan(out[2:, 0, 0]).any(-1).all() and torch.isfinite(out[:2, 0, 0]).all()
+        assert torch.isfinite(out[:, 0, 1]).all()
+
+
+def test_the_switch_per_module_and_process(monkeypatch):
+    gru = mgrit_gru.GRU(2, 3, solver="serial")
+    x = torch.randn(20, 2, 2)
+    monkeypatch.setenv(kernels.ENV, "pytorch")
+    gru(x)
+    assert {s.kernels for s in gru.last_stats.forward} == {"torch"}  # torch's own loop
+    gru.kernels = "compiled"  # the module's own choice wins
+    gru(x)
+    assert {s.kernels for s in gru.last_stats.forward} == {"compiled"}
+    gru.kernels = None
+    monkeypatch.setenv(kernels.ENV, "auto")
+    gru(x)
+    assert {s.kernels for s in gru.last_stats.forward} == {"compiled"}
+    with pytest.raises(ValueError, match=r"kernels='fast': choose one of \('auto'"):
+        mgrit_gru.GRU(2, 3, kernels="fast")
+    with pytest.raises(ValueError, match=r"kernels='fast': choose one of"):
+        mgrit_gru.LSTM(2, 3, kernels="fast")
+    monkeypatch.setenv(kernels.ENV, "fastest")
+    with pytest.raises(ValueError, match=r"MGRIT_GRU_KERNELS='fastest': choose one of"):
+        gru(x)
+
+
+def test_without_a_build_auto_runs_pytorch_and_compiled_says_why(monkeypatch):
+    monkeypatch.setattr(kernels, "_module", None)
+    monkeypatch.setattr(kernels, "_error", "no C++ compiler (c++ or g++) on PATH")
+    x = torch.randn(20, 2, 2)
+    gru = mgrit_gru.GRU(2, 3, solver="serial")
+    gru(x)
+    assert {s.kernels for s in gru.last_stats.forward} == {"torch"}  # torch's own loop
+    gru.kernels = "compiled"
+    with pytest.raises(RuntimeError, match="CPU kernels are unavailable: no C.. compiler"):
+        gru(x)
+    lstm = mgrit_gru.LSTM(2, 3, solver=mgrit_gru.MGRIT(cfactor=4))
+    lstm(x)
+    assert {s.kernels for s in lstm.last_stats.forward} == {"pytorch"}
+
+
+def test_no_compiled_kernel_for_other_dtypes_or_devices():
+    """Only float32 and float64 CPU tensors have a compiled kernel: "auto" runs the PyTorch
+    steps for the others, "compiled" says why it cannot."""
+    half = torch.zeros(2, dtype=torch.bfloat16)
+    assert kernels.compiled_for("auto", half) is None
+    with pytest.raises(RuntimeError, match="no compiled kernel for cpu tensors of torch.bfloat16"):
+        kernels.compiled_for("compiled", half)
+    meta = torch.zeros(2, device="meta")
+    assert kernels.compiled_for("auto", meta) is None
+    assert kernels.compiled_for("pytorch", torch.zeros(2)) is None
+
+
+def test_build_command_reports_the_kernels():
+    out = subprocess.run(
+        [sys.executable, "-m", "mgrit_gru.kernels"], capture_output=True, text=True, check=True
+    )
+    assert "compiled CPU kernels ready in" in out.stdout
+
+
+def test_gru_against_torch_with_the_shared_helper():
+    """The conftest comparison on the compiled path: outputs, h_n, every gradient."""
+    ref = torch.nn.GRU(3, 5, 2)
+    x, h0 = torch.randn(30, 2, 3), torch.randn(2, 2, 5)
+    ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4), kernels="compiled")
+    assert max(max_errors(ref, ours, x, h0)) < 1e-12
