@@ -138,11 +138,58 @@ class Row:
         return y.detach(), [x.grad] + [p.grad for p in self.module.parameters()]
 
 
+# A sweep's GEMM rows for the roofline's second rate: MGRIT's chunks x batch at the defaults.
+SWEEP_ROWS = 2048
+
+
+def gemm_gflops(rows: int, hidden: int, gates: int, dtype=torch.float32, device="cpu") -> float:
+    """This core's rate (GFLOP/s) of a step's recurrent GEMM over ``rows`` states: ``(rows, H)
+    @ (H, gates * H)``, timed as the least of several runs of about 20 ms."""
+    a = torch.randn(rows, hidden, dtype=dtype, device=device)
+    w = torch.randn(hidden, gates * hidden, dtype=dtype, device=device)
+    out = torch.empty(rows, gates * hidden, dtype=dtype, device=device)
+    flops = 2.0 * rows * hidden * gates * hidden
+    reps = max(1, int(2e7 / max(flops, 1.0)))
+    best = float("inf")
+    for _ in range(5):
+        dev = torch.device(device)
+        best = min(best, _timed(lambda: [torch.mm(a, w, out=out) for _ in range(reps)], dev))
+    return flops * reps / best / 1e9
+
+
+def work_gflop(row_steps_fwd, row_steps_bwd, T, B, I, H, gates) -> float:
+    """The flops of a training step (GFLOP): each row-step of either solve is one row of the
+    recurrent GEMM (``2 H gates H``); the input gates and the gradients are four GEMMs over
+    all ``T B`` rows (``W_ih x``, ``dx``, ``dW_ih``, ``dW_hh``). Elementwise work is not
+    counted: the floor is the GEMMs'."""
+    recurrent = 2.0 * gates * H * H * (row_steps_fwd + row_steps_bwd)
+    bulk = 2.0 * T * B * gates * H * (3 * I + H)
+    return (recurrent + bulk) / 1e9
+
+
+def roofline(rec: dict, row, args, rates: dict) -> None:
+    """Fill ``rec``'s ``gflop``, ``gflops`` (achieved in the training step) and ``x_floor``
+    (its time over the time of its flops at the GEMM rate of its rows: the serial step's
+    ``B`` rows where every solve was serial, a sweep's otherwise)."""
+    T, B, I, H = rec["T"], args.batch, args.input, args.hidden
+    gates = 4 if getattr(args, "model", "gru") == "lstm" else 3
+    if row.stats is None:  # torch's module: the serial algorithm
+        fwd = bwd = T * B
+        serial = True
+    else:
+        fwd = sum(s.row_steps for s in row.stats.forward)
+        bwd = sum(s.row_steps for s in row.stats.backward)
+        serial = all(s.levels == 1 for s in row.stats.solves)
+    gflop = work_gflop(fwd, bwd, T, B, I, H, gates)
+    rate = rates["serial"] if serial else rates["sweep"]
+    rec.update(gflop=gflop, gflops=gflop / rec["train_s"], x_floor=rec["train_s"] / (gflop / rate))
+
+
 def _rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
+def bench_one_length(T, args, settings, log=print, cols=None, rates=None) -> list[dict]:
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     ref, x, w_y, w_h = problem(
         T,
@@ -203,6 +250,8 @@ def bench_one_length(T, args, settings, log=print, cols=None) -> list[dict]:
             else peak / peaks[torch_name],
             "options": repr(row.opts) if row.opts else None,
         }
+        if rates is not None:
+            roofline(rec, row, args, rates)
         results.append(rec)
         log(format_row(rec, cols))
     return results
@@ -242,6 +291,8 @@ COLUMNS = [
     ("it f/b", 6, lambda r: _iterations(r)),
     ("max|dy|", 8, lambda r: f"{r['max_abs_y_err']:.1e}"),
     ("rel dgrad", 9, lambda r: f"{r['rel_grad_err']:.1e}"),
+    ("GF/s", 6, lambda r: "-" if r.get("gflops") is None else f"{r['gflops']:.1f}"),
+    ("x floor", 7, lambda r: "-" if r.get("x_floor") is None else f"{r['x_floor']:.1f}"),
     ("peak MB", 8, lambda r: "-" if r.get("peak_mb") is None else f"{r['peak_mb']:.1f}"),
     ("/torch", 6, lambda r: "-" if r.get("peak_vs_torch") is None else f"{r['peak_vs_torch']:.2f}"),
 ]
@@ -464,6 +515,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         args.settings = LSTM_SETTINGS if args.model == "lstm" else DEFAULT_SETTINGS
     settings = [(s, parse_setting(s)) for s in args.settings]
     device = parse_device(args.device)
+    dtype = getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)
     print(
         f"mgrit-gru bench: {args.model} B={args.batch} input={args.input} "
@@ -479,6 +531,19 @@ def run(args: argparse.Namespace) -> list[dict]:
     )
     memory_cols = not args.no_memory and not args.autocast and memory.supported(args.device)
     cols = columns(not args.no_torch, memory_cols)
+    gates = 4 if args.model == "lstm" else 3
+    rates = {
+        "serial": gemm_gflops(args.batch, args.hidden, gates, dtype, args.device),
+        "sweep": gemm_gflops(SWEEP_ROWS, args.hidden, gates, dtype, args.device),
+    }
+    print(
+        f"roofline: this core's recurrent GEMM (rows x {args.hidden} @ {args.hidden} x "
+        f"{gates * args.hidden}, {args.dtype}) runs {rates['serial']:.1f} GFLOP/s at "
+        f"{args.batch} rows (a serial step) and {rates['sweep']:.1f} at {SWEEP_ROWS} rows (a "
+        "sweep); GF/s = the training step's GEMM flops (recurrent rows the solves ran + input "
+        "gates and gradients) per second; x floor = its time over those flops' time at the "
+        "rate of its rows (serial solves: a serial step's, else a sweep's)"
+    )
     print(
         "train = forward + backward of sum(w*y) + sum(w*h_n); x torch / x serial = speed-up of "
         "the training step; it f/b = MGRIT cycles of the forward / adjoint solve (! = it fell "
@@ -494,7 +559,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     print(header(cols))
     results = []
     for T in args.T:
-        results += bench_one_length(T, args, settings, cols=cols)
+        results += bench_one_length(T, args, settings, cols=cols, rates=rates)
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "func"}
         meta.update(

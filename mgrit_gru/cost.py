@@ -261,6 +261,7 @@ class Meter:
     def __init__(self, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None):
         self.hidden, self.device = hidden, device
         self.spent = 0.0
+        self.row_steps = 0  # steps times their rows: the recurrent GEMMs' rows, all kinds
         self._costs = table()[_kind(device)]
         self._cell_costs = cell_costs
         self._scale = (hidden / 64) ** H_EXPONENT
@@ -273,6 +274,7 @@ class Meter:
         step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
         o, c = _costs(self._costs, cost_kind or kind, self._cell_costs)
         self.spent += calls * (o + c * rows * self._scale)
+        self.row_steps += calls * rows
         trace.work(kind, rows, self.hidden, calls, level)
 
 

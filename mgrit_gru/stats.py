@@ -34,6 +34,8 @@ class SolveStats:
             (``max_iters``), or None.
         cost, serial_cost: the modelled cost (microseconds, :mod:`mgrit_gru.cost`) of what
             this call ran, and of the serial solve alone.
+        row_steps: the steps this call ran times their rows (batch x chunks): each is one row
+            of a recurrent GEMM (``W_hh``), the work a flop count of the solve starts from.
         kernels: which kernels ran the steps (:mod:`mgrit_gru.kernels`): ``"compiled"`` (the
             library's compiled sweeps), ``"pytorch"`` (the cell's PyTorch steps) or
             ``"torch"`` (torch's own RNN kernel, the serial solve of a small batch).
@@ -55,6 +57,7 @@ class SolveStats:
     cost: float = 0.0
     serial_cost: float = 0.0
     kernels: str = "pytorch"
+    row_steps: int = 0
 
     @property
     def residual(self) -> float:

@@ -566,7 +566,8 @@ def forward_solve(
     elif len(grids) > 1:  # what a time group would exchange here
         trace.message(trace.GATHER, result.u[0])
         trace.message(trace.LAST, result.uend)
-    stats = replace(stats, kernels=kernels_name(kernel, len(grids) == 1 and fused))
+    ran = kernels_name(kernel, len(grids) == 1 and fused)
+    stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
     return points, hier, stats
 
 
@@ -807,7 +808,8 @@ def adjoint_solve(
     grids, result, stats = solve_guarded(
         "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
     )
-    stats = replace(stats, kernels=kernels_name(kernel, "grads" in state))
+    ran = kernels_name(kernel, "grads" in state)
+    stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
     if "grads" in state:
         hier.release_kept()
         return Adjoint(None, None, None, stats, state["grads"])
