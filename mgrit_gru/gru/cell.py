@@ -300,6 +300,16 @@ class GRUCell:
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
         kernel.gru_adjoint(x0, out, D, C, w_hh, g)
 
+    def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
+        T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
+        # pooled: fresh memory of this size costs more in page faults than the loop
+        d_gx = workspace.buffer("bwd.d_gx", (T, B, 3 * H), points)
+        d_gh = workspace.buffer("bwd.d_gh", (T, B, 3 * H), points)
+        lam0 = points.new_empty((B, H))
+        implicit = self.kind == "implicit"
+        kernel.gru_serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
+        return d_gx, d_gh, lam0
+
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
 

@@ -165,4 +165,114 @@ void gru_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C,
   });
 }
 
+// The adjoint coefficients of H units of one GRU step from its kept gates (cell.py's
+// _coefficients): D (the direct factor), A_n, C_r, C_z; vectorised loops, one per variant.
+template <typename T>
+static inline void coefficients(const T* __restrict h, const T* __restrict r, const T* __restrict z,
+                                const T* __restrict n, const T* __restrict ghn, T step, bool implicit,
+                                int64_t H, T* __restrict D, T* __restrict An, T* __restrict Cr,
+                                T* __restrict Cz) {
+  if (implicit) {
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const T oz = T(1) - z[j];
+      const T w = oz * step;
+      const T d = T(1) / (w + T(1));
+      Cz[j] = (h[j] - n[j]) * z[j] * oz * step * d * d;
+      D[j] = d;
+      An[j] = w * d * (T(1) - n[j] * n[j]);
+    }
+  } else {
+#pragma omp simd
+    for (int64_t j = 0; j < H; ++j) {
+      const T oz = T(1) - z[j];
+      const T w = oz * step;
+      Cz[j] = (h[j] - n[j]) * z[j] * oz * step;
+      D[j] = T(1) - w;
+      An[j] = w * (T(1) - n[j] * n[j]);
+    }
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < H; ++j) Cr[j] = An[j] * ghn[j] * r[j] * (T(1) - r[j]);
+}
+
+// The serial adjoint in one call, with the gate gradients: from lam_T = d_out[T - 1] + d_last
+// back to lam_0, step k linearised from the forward's kept gates [r, z, n, gh_n] and its
+// state points[k] (mgrit_gru/gru/cell.py's _coefficients and gate_grads, fused):
+//   d_gh[k] = [C_r, C_z, C_n] lam_{k+1},  d_gx[k] = [C_r, C_z, A_n] lam_{k+1},
+//   lam_k = D lam_{k+1} + d_gh[k] @ W_hh + d_out[k - 1]   (k >= 1; no forcing at k = 0).
+// dt (T, B) per step and sequence (0: identity), or absent. Returns lam_0 (B, H).
+template <typename T>
+static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, const Tensor& d_out,
+                                    const Tensor& d_last, const Tensor& dt, bool implicit, const Tensor& w_hh,
+                                    Tensor& d_gx, Tensor& d_gh, Tensor& lam0) {
+  const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1);
+  const Tensor w = w_hh.contiguous();  // (3H, H)
+  Tensor lam = at::empty({B, H}, points.options());
+  Tensor nxt = at::empty({B, H}, points.options());
+  Tensor prod = at::empty({B, H}, points.options());
+  const T* P = points.data_ptr<T>();
+  const T* K = kept.data_ptr<T>();
+  const T* F = d_out.data_ptr<T>();
+  const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
+  T* GX = d_gx.data_ptr<T>();
+  T* GH = d_gh.data_ptr<T>();
+  T* L = lam.data_ptr<T>();
+  T* N = nxt.data_ptr<T>();
+  T* PR = prod.data_ptr<T>();
+  {
+    const T* dl = d_last.data_ptr<T>();
+    const T* f = F + (Tn - 1) * B * H;
+    for (int64_t i = 0; i < B * H; ++i) L[i] = f[i] + dl[i];
+  }
+  std::vector<T> scratch(4 * H);
+  std::vector<T*> ptrs(B);
+  for (int64_t k = Tn - 1; k >= 0; --k) {
+    for (int64_t b = 0; b < B; ++b) {
+      const T* h = P + (k * B + b) * H;
+      const T* kr = K + (k * B + b) * 4 * H;
+      const T *r = kr, *z = kr + H, *n = kr + 2 * H, *ghn = kr + 3 * H;
+      const T step = dtp ? dtp[k * B + b] : T(1);
+      const T* l = L + b * H;
+      T* gx = GX + (k * B + b) * 3 * H;
+      T* gh = GH + (k * B + b) * 3 * H;
+      T* __restrict D = scratch.data();
+      T* __restrict An = D + H;
+      T* __restrict Cr = D + 2 * H;
+      T* __restrict Cz = D + 3 * H;
+      coefficients<T>(h, r, z, n, ghn, step, implicit, H, D, An, Cr, Cz);
+      for (int64_t j = 0; j < H; ++j) {
+        const T lj = l[j];
+        gh[j] = gx[j] = Cr[j] * lj;
+        gh[H + j] = gx[H + j] = Cz[j] * lj;
+        gh[2 * H + j] = An[j] * r[j] * lj;
+        gx[2 * H + j] = An[j] * lj;
+      }
+      T* nb = N + b * H;
+      for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
+      ptrs[b] = gh;
+    }
+    if (B <= SMALL_ROWS)
+      small_gemm<T>(ptrs.data(), B, 3 * H, w.data_ptr<T>(), H, PR, false);
+    else
+      at::mm_out(prod, d_gh.select(0, k), w);
+    const T* f = k >= 1 ? F + (k - 1) * B * H : nullptr;
+    for (int64_t i = 0; i < B * H; ++i) L[i] = N[i] + PR[i] + (f ? f[i] : T(0));
+  }
+  lam0.copy_(lam);
+}
+
+void gru_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
+                        const c10::optional<Tensor>& dt, bool implicit, const Tensor& w_hh, Tensor d_gx, Tensor d_gh,
+                        Tensor lam0) {
+  for (const Tensor& t : {points, kept, d_out, d_last, opt(dt), w_hh, d_gx, d_gh, lam0}) {
+    check_same(t, points, "every argument");
+    TORCH_CHECK(!t.defined() || t.is_contiguous(), "gru_serial_adjoint: contiguous tensors only");
+  }
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "gru_serial_adjoint", [&] {
+    gru_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt(dt), implicit, w_hh, d_gx, d_gh, lam0);
+  });
+}
+
 }  // namespace mgrit

@@ -15,6 +15,12 @@ void lstm_forward(const at::Tensor& x0, at::Tensor out, const at::Tensor& gx, co
                   int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0);
 void lstm_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, const at::Tensor& C,
                   const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
+void gru_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
+                        const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, bool implicit,
+                        const at::Tensor& w_hh, at::Tensor d_gx, at::Tensor d_gh, at::Tensor lam0);
+void lstm_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
+                         const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, const at::Tensor& w_hh,
+                         at::Tensor d, at::Tensor lam0);
 }  // namespace mgrit
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -22,4 +28,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_adjoint", &mgrit::gru_adjoint);
   m.def("lstm_forward", &mgrit::lstm_forward);
   m.def("lstm_adjoint", &mgrit::lstm_adjoint);
+  m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint);
+  m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
 }

@@ -72,6 +72,13 @@ class Cell(Protocol):
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
         """Adjoint steps by the compiled module: ``out[s] = adjoint_step(state_s) + g[s]``."""
 
+    def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
+        """The serial adjoint in one compiled call from the forward's ``points`` ``(T + 1, B,
+        state * H)`` and kept gates ``(T, B, kept * H)``, ``dt`` ``(T, B)`` or None, the
+        gradients ``d_out`` ``(T, B, state * H)`` of the states after every step and
+        ``d_last`` of the last: ``(d_gx, d_gh, du0)``, the gate pre-activations' gradients of
+        every step ``(T, B, gates * H)`` (of the input side, of ``W_hh h + b_hh``)."""
+
     def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
 
     def linearise_kept(self, u, kept, dt=None, out_C=None) -> Linearisation: ...

@@ -712,6 +712,9 @@ def adjoint_solve(
     trace.phase("backward", reverse=not reverse)
     kernel = compiled_kernel(cell, x)
     fused = kernel is None and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
+    # the serial adjoint in one compiled call with the gate gradients, from the kept gates
+    # (one process: a time group's serial pipeline passes lam between the ranks' loops)
+    whole = kernel is not None and hier.kept is not None and tg is None and not hier.partial
     state: dict = {}
 
     def coefficients() -> tuple:
@@ -727,7 +730,7 @@ def adjoint_solve(
             hier.release_kept()
         return state["coefficients"]
 
-    if not fused:
+    if not (fused or whole):
         coefficients()  # here, as a trace of ranks expects them
 
     def forcing() -> tuple:
@@ -745,7 +748,7 @@ def adjoint_solve(
         return state["forcing"]
 
     serial_only = len(mgrit_grids) == 1
-    if not (fused and serial_only):
+    if not ((fused or whole) and serial_only):
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type, cell.costs)
@@ -766,6 +769,13 @@ def adjoint_solve(
     rule = _stopping(options, "backward", mgrit_grids, x)
 
     def run(grids: list[Grid]) -> SolveResult:
+        if len(grids) == 1 and whole:
+            dt = None if mask is None else mask.contiguous()
+            state["gates"] = cell.kernel_vjp(
+                kernel, points, hier.kept, dt, w_hh, d_out.contiguous(), d_last.contiguous()
+            )
+            meter.add("adjoint", B, T, level=trace.SERIAL, cost_kind="sweep_adjoint")
+            return SolveResult(d_last.new_empty(0), d_last)
         if len(grids) == 1 and fused:
             grads = cell.fused_vjp(x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last)
             if grads is not None:  # else cuDNN refused the shape: the library's loop
@@ -810,6 +820,10 @@ def adjoint_solve(
     )
     ran = kernels_name(kernel, "grads" in state)
     stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
+    if "gates" in state:
+        hier.release_kept()
+        grads = gate_gemms(*state["gates"], x, w_ih, points, H, b_ih is not None, b_hh is not None)
+        return Adjoint(None, None, None, stats, grads)
     if "grads" in state:
         hier.release_kept()
         return Adjoint(None, None, None, stats, state["grads"])
@@ -818,6 +832,21 @@ def adjoint_solve(
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
     _, C_rev, extra = coefficients()
     return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)
+
+
+def gate_gemms(d_gx, d_gh, lam0, x, w_ih, points, H: int, b_ih: bool, b_hh: bool) -> tuple:
+    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer from the gradients of every
+    step's gate pre-activations, ``d_gx`` (of ``W_ih x + b_ih``) and ``d_gh`` (of ``W_hh h +
+    b_hh``) ``(T, B, G)``, and ``lam0 = du0``: four GEMMs over all ``T B`` rows, two sums."""
+    T, B, I = x.shape
+    G = d_gx.shape[-1]
+    rows_gx, rows_gh = d_gx.reshape(T * B, G), d_gh.reshape(T * B, G)
+    d_x = torch.mm(rows_gx, w_ih).view(T, B, I)
+    d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
+    d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
+    d_b_ih = rows_gx.sum(0) if b_ih else None
+    d_b_hh = rows_gh.sum(0) if b_hh else None
+    return d_x, lam0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
 
 
 def _fused_adjoint(cell: Cell, x, w_hh, b_ih, b_hh, mask, tg, d_out: Tensor) -> bool:

@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import workspace
 from ..layer.cell import Linearisation
 
 KEPT = 4  # kept gates per hidden unit: i, f, g, o (activated)
@@ -354,6 +355,13 @@ class LSTMCell:
 
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
         kernel.lstm_adjoint(x0, out, D, C, w_hh, g)
+
+    def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
+        T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
+        d = workspace.buffer("bwd.d_gx", (T, B, 4 * H), points)  # pooled, as the GRU's
+        lam0 = points.new_empty((B, 2 * H))
+        kernel.lstm_serial_adjoint(points, kept, d_out, d_last, dt, w_hh, d, lam0)
+        return d, d, lam0  # both biases and weights see the same pre-activations
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)

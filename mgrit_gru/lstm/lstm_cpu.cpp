@@ -169,4 +169,94 @@ void lstm_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C
   });
 }
 
+// The serial adjoint in one call, with the gate gradients: from lam_T = d_out[T - 1] + d_last
+// back to lam_0 on states [h, c], step k linearised from the kept gates [i, f, g, o] and the
+// cell states c_k = points[k], c_{k+1} = points[k + 1] (mgrit_gru/lstm/cell.py's
+// _coefficients and gate_grads, fused): s = lam_c + A lam_h, d[k] = [C_i s, C_f s, C_g s,
+// C_o lam_h], lam_k = [d[k] @ W_hh, f s] + d_out[k - 1] (k >= 1). dt (T, B): 0 is an identity
+// step (lam passes, d = 0). Returns lam_0 (B, 2H).
+template <typename T>
+static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, const Tensor& d_out,
+                                     const Tensor& d_last, const Tensor& dt, const Tensor& w_hh, Tensor& d,
+                                     Tensor& lam0) {
+  const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1), W = 2 * H;
+  const Tensor w = w_hh.contiguous();  // (4H, H)
+  Tensor lam = at::empty({B, W}, points.options());
+  Tensor nxt = at::empty({B, W}, points.options());
+  Tensor prod = at::empty({B, H}, points.options());
+  const T* P = points.data_ptr<T>();
+  const T* K = kept.data_ptr<T>();
+  const T* F = d_out.data_ptr<T>();
+  const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
+  T* G = d.data_ptr<T>();
+  T* L = lam.data_ptr<T>();
+  T* N = nxt.data_ptr<T>();
+  T* PR = prod.data_ptr<T>();
+  {
+    const T* dl = d_last.data_ptr<T>();
+    const T* f = F + (Tn - 1) * B * W;
+    for (int64_t i = 0; i < B * W; ++i) L[i] = f[i] + dl[i];
+  }
+  std::vector<T> scratch(H);
+  std::vector<T*> ptrs(B);
+  for (int64_t k = Tn - 1; k >= 0; --k) {
+    for (int64_t b = 0; b < B; ++b) {
+      const T* c = P + (k * B + b) * W + H;
+      const T* cn = P + ((k + 1) * B + b) * W + H;
+      const T* kr = K + (k * B + b) * 4 * H;
+      const T *ig = kr, *fg = kr + H, *gg = kr + 2 * H, *og = kr + 3 * H;
+      const T* l = L + b * W;
+      T* dr = G + (k * B + b) * 4 * H;
+      T* nb = N + b * W;
+      ptrs[b] = dr;
+      if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
+        for (int64_t j = 0; j < 4 * H; ++j) dr[j] = T(0);
+        for (int64_t j = 0; j < W; ++j) nb[j] = l[j];
+        continue;
+      }
+      T* __restrict tc = scratch.data();
+      for (int64_t j = 0; j < H; ++j) tc[j] = cn[j];
+      tanh_inplace<T>(tc, H);
+      for (int64_t j = 0; j < H; ++j) {
+        const T lh = l[j];
+        const T A = og[j] * (T(1) - tc[j] * tc[j]);
+        const T sv = l[H + j] + A * lh;
+        dr[j] = gg[j] * ig[j] * (T(1) - ig[j]) * sv;
+        dr[H + j] = c[j] * fg[j] * (T(1) - fg[j]) * sv;
+        dr[2 * H + j] = ig[j] * (T(1) - gg[j] * gg[j]) * sv;
+        dr[3 * H + j] = tc[j] * og[j] * (T(1) - og[j]) * lh;
+        nb[j] = T(0);
+        nb[H + j] = fg[j] * sv;
+      }
+    }
+    if (B <= SMALL_ROWS)
+      small_gemm<T>(ptrs.data(), B, 4 * H, w.data_ptr<T>(), H, PR, false);
+    else
+      at::mm_out(prod, d.select(0, k), w);
+    const T* f = k >= 1 ? F + (k - 1) * B * W : nullptr;
+    for (int64_t b = 0; b < B; ++b) {
+      T* lb = L + b * W;
+      const T* nb = N + b * W;
+      const T* pb = PR + b * H;
+      const T* fb = f ? f + b * W : nullptr;
+      const bool identity = dtp && !(dtp[k * B + b] > T(0));
+      for (int64_t j = 0; j < H; ++j) lb[j] = nb[j] + (identity ? T(0) : pb[j]) + (fb ? fb[j] : T(0));
+      for (int64_t j = H; j < W; ++j) lb[j] = nb[j] + (fb ? fb[j] : T(0));
+    }
+  }
+  lam0.copy_(lam);
+}
+
+void lstm_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
+                         const c10::optional<Tensor>& dt, const Tensor& w_hh, Tensor d, Tensor lam0) {
+  for (const Tensor& t : {points, kept, d_out, d_last, opt_(dt), w_hh, d, lam0}) {
+    check_same(t, points, "every argument");
+    TORCH_CHECK(!t.defined() || t.is_contiguous(), "lstm_serial_adjoint: contiguous tensors only");
+  }
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "lstm_serial_adjoint", [&] {
+    lstm_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt_(dt), w_hh, d, lam0);
+  });
+}
+
 }  // namespace mgrit
