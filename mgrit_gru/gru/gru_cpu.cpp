@@ -17,6 +17,7 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
                              int64_t j0) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
   const Tensor wt = w_hh.t().contiguous();  // (H, 3H)
+  const Panels<T> panels(wt.data_ptr<T>(), H, 3 * H);
   Tensor gh = at::empty({R, 3 * H}, out.options());
   Tensor stage = at::empty({R, H}, out.options());
   std::vector<T*> ptrs;
@@ -25,7 +26,7 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
-    rows_gemm<T>(vin, sin, R, H, wt, gh, ptrs, stage);
+    rows_gemm<T>(vin, sin, R, H, wt, panels, gh, ptrs, stage);
     const T* ghp = gh.data_ptr<T>();
     const int64_t j = j0 + s;
     auto rows = [&](int64_t r0, int64_t r1) {
@@ -87,6 +88,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
                              const Tensor& g) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
   const Tensor w = w_hh.contiguous();  // (3H, H)
+  const Panels<T> panels(w.data_ptr<T>(), 3 * H, H);
   Tensor weighted = at::empty({R, 3 * H}, out.options());
   Tensor prod = at::empty({R, H}, out.options());
   std::vector<T*> ptrs(R);
@@ -115,7 +117,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
       prep(0, R);
     if (R <= SMALL_ROWS) {
       for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
-      small_gemm<T>(ptrs.data(), R, 3 * H, w.data_ptr<T>(), H, pp, false);
+      panel_gemm<T>(ptrs.data(), R, panels, pp);
     } else {
       at::mm_out(prod, weighted, w);
     }
@@ -208,6 +210,7 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
                                     Tensor& d_gx, Tensor& d_gh, Tensor& lam0) {
   const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1);
   const Tensor w = w_hh.contiguous();  // (3H, H)
+  const Panels<T> panels(w.data_ptr<T>(), 3 * H, H);
   Tensor lam = at::empty({B, H}, points.options());
   Tensor nxt = at::empty({B, H}, points.options());
   Tensor prod = at::empty({B, H}, points.options());
@@ -253,7 +256,7 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
       ptrs[b] = gh;
     }
     if (B <= SMALL_ROWS)
-      small_gemm<T>(ptrs.data(), B, 3 * H, w.data_ptr<T>(), H, PR, false);
+      panel_gemm<T>(ptrs.data(), B, panels, PR);
     else
       at::mm_out(prod, d_gh.select(0, k), w);
     const T* f = k >= 1 ? F + (k - 1) * B * H : nullptr;

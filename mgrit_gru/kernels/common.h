@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace mgrit {
 
@@ -92,57 +94,65 @@ struct View {
   T* row(int64_t s, int64_t r) const { return p + s * ss + (r / B) * sc + (r % B) * sb; }
 };
 
-// out[r, :] = sum_k a[r][k] * w[k, :] (+ out[r, :] if accumulate) for R rows of a, w (K, N)
-// contiguous; rows as pointers. Four rows share each row of w.
+// W (K, N) repacked once per call into panels of PW columns, [N / PW][K][PW], zero past N:
+// the GEMM below then reads each panel front to back while four rows' accumulators of PW
+// columns stay in registers.
+constexpr int64_t PW = 16;
+
 template <typename T>
-static void small_gemm(T* const* a, int64_t R, int64_t K, const T* w, int64_t N, T* out, bool accumulate) {
-  int64_t r = 0;
-  for (; r + 4 <= R; r += 4) {
-    T* o0 = out + r * N;
-    T* o1 = o0 + N;
-    T* o2 = o1 + N;
-    T* o3 = o2 + N;
-    if (!accumulate) {
-      for (int64_t j = 0; j < 4 * N; ++j) o0[j] = T(0);
-    }
-    const T *a0 = a[r], *a1 = a[r + 1], *a2 = a[r + 2], *a3 = a[r + 3];
+struct Panels {
+  std::vector<T> data;
+  int64_t K = 0, N = 0, nb = 0;
+  Panels(const T* w, int64_t K_, int64_t N_) : K(K_), N(N_), nb((N_ + PW - 1) / PW) {
+    data.assign(nb * K * PW, T(0));
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < PW && b * PW + c < N; ++c) data[(b * K + k) * PW + c] = w[k * N + b * PW + c];
+  }
+};
+
+// Four rows of out = a @ W (the first `store` of them written): per panel, four accumulators
+// of PW columns held in registers; four independent chains keep the FMA units busy, so a
+// block of fewer rows repeats one (computed, not stored).
+template <typename T>
+static inline void panel_rows(const T* const* a, const Panels<T>& P, T* out, int store) {
+  const int64_t K = P.K, N = P.N;
+  for (int64_t b = 0; b < P.nb; ++b) {
+    const T* p = P.data.data() + b * K * PW;
+    T acc[4][PW] = {};
     for (int64_t k = 0; k < K; ++k) {
-      const T* wk = w + k * N;
-      const T x0 = a0[k], x1 = a1[k], x2 = a2[k], x3 = a3[k];
-#pragma GCC ivdep
-      for (int64_t j = 0; j < N; ++j) {
-        const T v = wk[j];
-        o0[j] += x0 * v;
-        o1[j] += x1 * v;
-        o2[j] += x2 * v;
-        o3[j] += x3 * v;
+      const T* pk = p + k * PW;
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const T x = a[i][k];
+#pragma omp simd
+        for (int64_t c = 0; c < PW; ++c) acc[i][c] += x * pk[c];
       }
     }
-  }
-  for (; r < R; ++r) {
-    T* o = out + r * N;
-    if (!accumulate) {
-      for (int64_t j = 0; j < N; ++j) o[j] = T(0);
-    }
-    const T* ar = a[r];
-    for (int64_t k = 0; k < K; ++k) {
-      const T* wk = w + k * N;
-      const T x = ar[k];
-#pragma GCC ivdep
-      for (int64_t j = 0; j < N; ++j) o[j] += x * wk[j];
-    }
+    const int64_t j0 = b * PW, w = std::min<int64_t>(PW, N - j0);
+    for (int i = 0; i < store; ++i) std::memcpy(out + i * N + j0, acc[i], sizeof(T) * w);
   }
 }
 
-// out (R, N) = rows (R, K) @ w (K, N): the own loop for few rows, else ATen's GEMM on a
-// matrix of the rows (a copy where the rows are not one strided matrix).
+// out[r, :] = sum_k a[r][k] * W[k, :] for R rows given as pointers; out (R, N) contiguous.
 template <typename T>
-static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const Tensor& w, Tensor& out,
-                      std::vector<T*>& ptrs, Tensor& stage) {
+static void panel_gemm(T* const* a, int64_t R, const Panels<T>& P, T* out) {
+  for (int64_t r = 0; r < R; r += 4) {
+    const int store = static_cast<int>(std::min<int64_t>(4, R - r));
+    const T* rows[4] = {a[r], a[r + (store > 1)], a[r + 2 * (store > 2)], a[r + 3 * (store > 3)]};
+    panel_rows<T>(rows, P, out + r * P.N, store);
+  }
+}
+
+// out (R, N) = rows (R, K) @ w (K, N): the panel GEMM for few rows (packed in `panels`), else
+// ATen's GEMM on a matrix of the rows (a copy where the rows are not one strided matrix).
+template <typename T>
+static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const Tensor& w, const Panels<T>& panels,
+                      Tensor& out, std::vector<T*>& ptrs, Tensor& stage) {
   ptrs.resize(R);
   for (int64_t r = 0; r < R; ++r) ptrs[r] = v.row(s, r);
   if (R <= SMALL_ROWS) {
-    small_gemm<T>(ptrs.data(), R, K, w.data_ptr<T>(), w.size(1), out.data_ptr<T>(), false);
+    panel_gemm<T>(ptrs.data(), R, panels, out.data_ptr<T>());
     return;
   }
   // one matrix when row r sits at r * stride (chunks of B rows laid out evenly)

@@ -17,6 +17,7 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
                               int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
   const Tensor wt = w_hh.t().contiguous();  // (H, 4H)
+  const Panels<T> panels(wt.data_ptr<T>(), H, 4 * H);
   Tensor pre = at::empty({R, 4 * H}, out.options());
   Tensor stage = at::empty({R, H}, out.options());
   std::vector<T*> ptrs;
@@ -24,7 +25,7 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
-    rows_gemm<T>(vin, sin, R, H, wt, pre, ptrs, stage);  // reads h, the first H of a row
+    rows_gemm<T>(vin, sin, R, H, wt, panels, pre, ptrs, stage);  // reads h, the first H of a row
     const T* pp = pre.data_ptr<T>();
     const int64_t j = j0 + s;
     auto rows = [&](int64_t r0, int64_t r1) {
@@ -82,6 +83,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
                               const Tensor& g) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
   const Tensor w = w_hh.contiguous();  // (4H, H)
+  const Panels<T> panels(w.data_ptr<T>(), 4 * H, H);
   Tensor d = at::empty({R, 4 * H}, out.options());
   Tensor prod = at::empty({R, H}, out.options());
   std::vector<T*> ptrs(R);
@@ -112,7 +114,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
       prep(0, R);
     if (R <= SMALL_ROWS) {
       for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
-      small_gemm<T>(ptrs.data(), R, 4 * H, w.data_ptr<T>(), H, pp, false);
+      panel_gemm<T>(ptrs.data(), R, panels, pp);
     } else {
       at::mm_out(prod, d, w);
     }
@@ -181,6 +183,7 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
                                      Tensor& lam0) {
   const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1), W = 2 * H;
   const Tensor w = w_hh.contiguous();  // (4H, H)
+  const Panels<T> panels(w.data_ptr<T>(), 4 * H, H);
   Tensor lam = at::empty({B, W}, points.options());
   Tensor nxt = at::empty({B, W}, points.options());
   Tensor prod = at::empty({B, H}, points.options());
@@ -230,7 +233,7 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
       }
     }
     if (B <= SMALL_ROWS)
-      small_gemm<T>(ptrs.data(), B, 4 * H, w.data_ptr<T>(), H, PR, false);
+      panel_gemm<T>(ptrs.data(), B, panels, PR);
     else
       at::mm_out(prod, d.select(0, k), w);
     const T* f = k >= 1 ? F + (k - 1) * B * W : nullptr;
