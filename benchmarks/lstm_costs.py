@@ -9,8 +9,10 @@ adjoint steps at a small and a large row count (overhead ``o`` from the small, p
 from the difference) and their ratios; and, per step of a serial sweep over ``--batches``
 sequences, the LSTM's serial forward (torch's kernel) and serial adjoint (torch's backward)
 against the GRU's fused forward, with the overhead and per-row multipliers fitted over the
-batches. Ratios move less between machines than times do; the shipped multipliers were
-measured on an Intel Xeon (2026-12-04).
+batches; and the compiled sweeps (:mod:`mgrit_gru.kernels`, the cost kinds "sweep" and
+"sweep_adjoint") of both cells at the two row counts. Ratios move less between machines
+than times do; the shipped multipliers were measured on an Intel Xeon (2026-12-04), the
+compiled sweeps' on an AMD EPYC (2026-12-04).
 """
 
 from __future__ import annotations
@@ -68,6 +70,33 @@ def serial(H: int, B: int, T: int = 2048) -> dict[str, float]:
     return {"lstm fused": lstm_fwd, "lstm fused adjoint": lstm_adj, "gru fused": gru_fwd}
 
 
+def compiled(H: int, rows: int, S: int = 64) -> dict[str, float]:
+    """Per step of a compiled sweep of ``S`` steps over ``rows`` states (one chunk each)."""
+    from functools import partial
+
+    from mgrit_gru import kernels
+
+    K = kernels.compiled_for("compiled", torch.zeros(1))
+    calls = max(3, 20000 // (S * max(1, rows // 4)))
+    out = {}
+    for name, width, gates, coeffs in (("lstm", 2 * H, 4, 5), ("gru", H, 3, 3)):
+        x0, o = torch.randn(1, rows, 1, width), torch.empty(S, rows, 1, width)
+        gx, w = torch.randn(S, rows, 1, gates * H), torch.randn(gates * H, H) / H**0.5
+        keep, fac = torch.empty(S, rows, 1, 4 * H), torch.empty(S, rows, 1, width)
+        D, C = torch.rand(S, rows, 1, width), torch.rand(S, rows, 1, coeffs * H)
+        if name == "lstm":
+            fwd = partial(K.lstm_forward, x0, o, gx, w, None, keep, fac, None, -1, 0, 0, 0)
+            adj = partial(K.lstm_adjoint, x0, o, D, C, w, None)
+        else:
+            fwd = partial(
+                K.gru_forward, x0, o, gx, w, None, None, keep, fac, None, False, -1, 0, 0, 0
+            )
+            adj = partial(K.gru_adjoint, x0, o, D, C, w, None)
+        out[f"{name} sweep"] = per_call_us(fwd, calls) / S
+        out[f"{name} sweep_adjoint"] = per_call_us(adj, calls) / S
+    return out
+
+
 def fit(small: float, large: float, rows: tuple[int, int]) -> tuple[float, float]:
     c = (large - small) / (rows[1] - rows[0])
     return max(small - c * rows[0], 0.0), c
@@ -89,6 +118,14 @@ def main() -> None:
         print(
             f"{kind:>8}: LSTM o {lo:6.1f} c {lc:.3f} | GRU o {go:6.1f} c {gc:.3f} | "
             f"multipliers o {lo / go:.2f} c {lc / gc:.2f}"
+        )
+    small, large = compiled(H, rows[0]), compiled(H, rows[1])
+    for kind in ("sweep", "sweep_adjoint"):
+        lo, lc = fit(small[f"lstm {kind}"], large[f"lstm {kind}"], rows)
+        go, gc = fit(small[f"gru {kind}"], large[f"gru {kind}"], rows)
+        print(
+            f"{kind:>8}: LSTM o {lo:6.2f} c {lc:.3f} | GRU o {go:6.2f} c {gc:.3f} | "
+            f"multipliers o {lo / max(go, 1e-9):.2f} c {lc / gc:.2f} (compiled)"
         )
     a, b = serial(H, args.batches[0]), serial(H, args.batches[1])
     go, gc = fit(a["gru fused"], b["gru fused"], tuple(args.batches))

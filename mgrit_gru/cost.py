@@ -12,7 +12,12 @@ as ``H^1.75`` over H = 32-128 on the CPU (the GEMMs' H^2 dominate at larger H). 
   used);
 - ``"fused"``: ``torch.nn.GRU``'s own CPU loop, which the serial forward uses for small
   batches (``mgrit_gru.layer.solve.FUSED_MAX``);
-- ``"adjoint"``: one step of the adjoint recurrence.
+- ``"adjoint"``: one step of the adjoint recurrence;
+- ``"sweep"``, ``"sweep_adjoint"``: a forward and an adjoint step of the compiled CPU kernels
+  (:mod:`mgrit_gru.kernels`), which run whole sweeps in one call: their overhead is about
+  nothing, so a serial sweep costs what its rows do, and MGRIT's wider rows buy little on one
+  core (the serial solve's compiled adjoint, which also forms the gate gradients, is priced
+  as "sweep_adjoint").
 
 The table in use (:func:`table`, :func:`active`):
 
@@ -31,7 +36,9 @@ The table in use (:func:`table`, :func:`active`):
 
 :data:`BUILTIN` was calibrated with ``python benchmarks/step_cost.py`` on this project's
 2-core AMD EPYC (one thread, fp32, 2026-12-03; each kind timed as the solves run it, loop and
-bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it).
+bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it);
+the "sweep" kinds by ``mgrit-gru calibrate`` on an AMD EPYC of the same kind (2026-12-04).
+On CUDA (no compiled kernel yet) they are the PyTorch steps' own.
 Its CUDA row was measured on an H200 (2026-12-04, ``benchmarks/gpu_check.sh``'s sweep part:
 the library's steps as the solves run them, B x chunks = 4-16384 rows at H = 64; "fused" is
 cuDNN's forward per step): a step there is its kernel launches (11 for a forward step, 4 for
@@ -57,8 +64,8 @@ BUILTIN = {
         "step": (32.0, 0.40),
         "fused": (12.0, 0.60),
         "adjoint": (7.0, 0.50),
-        "sweep": (1.0, 0.30),
-        "sweep_adjoint": (1.0, 0.30),
+        "sweep": (0.3, 0.41),
+        "sweep_adjoint": (0.0, 0.435),
     },
     "cuda": {
         "step": (112.1, 0.0026),

@@ -53,7 +53,9 @@ def test_auto_switches_to_serial_when_mgrit_costs_more_and_back(mgrit_step_costs
     serial, with MGRIT retried after 4, 8, 16 ... calls; made cheap again, the next retry
     wins and it stays."""
     ref = make_ref(3, 8)
-    gru = mgrit_gru.GRU.from_torch(ref)  # solver="auto"
+    # the PyTorch steps, where a random-init GRU makes MGRIT pay (the compiled sweeps cost
+    # what their rows do: there the serial solve wins; see test_auto_with_compiled_sweeps)
+    gru = mgrit_gru.GRU.from_torch(ref, kernels="pytorch")  # solver="auto"
     x = torch.randn(2000, 2, 3)
     first = _call(gru, x, ref).forward[0]
     assert first.by_mgrit  # a random-init GRU: MGRIT pays
@@ -74,7 +76,7 @@ def test_auto_waits_long_enough_that_losing_tries_stay_cheap(mgrit_step_costs):
     from mgrit_gru.layer.control import AutoChoice
 
     ref = make_ref(3, 8)
-    gru = mgrit_gru.GRU.from_torch(ref)
+    gru = mgrit_gru.GRU.from_torch(ref, kernels="pytorch")
     x = torch.randn(2000, 2, 3)
     first = _call(gru, x, ref).forward[0]
     mgrit_step_costs(1.4 * first.serial_cost / first.cost)  # MGRIT now loses by 40%
@@ -169,3 +171,17 @@ def test_auto_choice_state_round_trips():
     other.load_solver_state(state)
     assert other.solver_state() == state
     assert set(state["auto"]) == {"forward/0/False", "backward/0/False"}
+
+
+def test_auto_with_compiled_sweeps_prices_them():
+    """With the compiled sweeps both sides of the choice are priced as those steps (next to
+    no overhead per step: a serial sweep costs about what its rows do), and what ran says so."""
+    ref = make_ref(3, 8)
+    gru = mgrit_gru.GRU.from_torch(ref, kernels="compiled")
+    x = torch.randn(2000, 2, 3)
+    stats = _call(gru, x, ref)
+    assert {s.kernels for s in stats.solves} == {"compiled"}
+    fwd, bwd = stats.forward[0], stats.backward[0]
+    assert fwd.serial_cost == pytest.approx(2000 * cost.step_us("sweep", 2, 8), rel=1e-9)
+    assert bwd.serial_cost == pytest.approx(2000 * cost.step_us("sweep_adjoint", 2, 8), rel=1e-9)
+    assert fwd.row_steps >= 2000 * 2 and bwd.row_steps >= 2000 * 2  # at least a sweep each

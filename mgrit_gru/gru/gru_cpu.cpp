@@ -26,8 +26,9 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
-    rows_gemm<T>(vin, sin, R, H, wt, panels, gh, ptrs, stage);
-    const T* ghp = gh.data_ptr<T>();
+    T* ghp = gh.data_ptr<T>();
+    ptrs.resize(R);
+    for (int64_t r = 0; r < R; ++r) ptrs[r] = vin.row(sin, r);
     const int64_t j = j0 + s;
     auto rows = [&](int64_t r0, int64_t r1) {
       // per row: [r, z, n, gh_n] in a contiguous scratch (the kept gates' layout), then the
@@ -75,10 +76,9 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
         }
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, rows);
-    else
-      rows(0, R);
+    step_rows(
+        R, H, [&](int64_t r0, int64_t r1) { panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, ghp + r0 * 3 * H); },
+        rows, [&] { rows_gemm<T>(vin, sin, R, H, wt, panels, gh, ptrs, stage); });
   }
 }
 
@@ -95,6 +95,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
   View<T> vx0(x0), vout(out), vD(D), vC(C), vg(g);
   T* wp = weighted.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
+  for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
@@ -111,16 +112,6 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
         }
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, prep);
-    else
-      prep(0, R);
-    if (R <= SMALL_ROWS) {
-      for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
-      panel_gemm<T>(ptrs.data(), R, panels, pp);
-    } else {
-      at::mm_out(prod, weighted, w);
-    }
     auto fin = [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
@@ -135,10 +126,20 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
         }
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, fin);
-    else
-      fin(0, R);
+    step_rows(
+        R, H,
+        [&](int64_t r0, int64_t r1) {
+          prep(r0, r1);
+          panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * H);
+        },
+        fin,
+        [&] {
+          if (R * H >= 32768)
+            at::parallel_for(0, R, 16, prep);
+          else
+            prep(0, R);
+          at::mm_out(prod, weighted, w);
+        });
   }
 }
 
@@ -228,39 +229,51 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
     const T* f = F + (Tn - 1) * B * H;
     for (int64_t i = 0; i < B * H; ++i) L[i] = f[i] + dl[i];
   }
-  std::vector<T> scratch(4 * H);
   std::vector<T*> ptrs(B);
   for (int64_t k = Tn - 1; k >= 0; --k) {
-    for (int64_t b = 0; b < B; ++b) {
-      const T* h = P + (k * B + b) * H;
-      const T* kr = K + (k * B + b) * 4 * H;
-      const T *r = kr, *z = kr + H, *n = kr + 2 * H, *ghn = kr + 3 * H;
-      const T step = dtp ? dtp[k * B + b] : T(1);
-      const T* l = L + b * H;
-      T* gx = GX + (k * B + b) * 3 * H;
-      T* gh = GH + (k * B + b) * 3 * H;
-      T* __restrict D = scratch.data();
-      T* __restrict An = D + H;
-      T* __restrict Cr = D + 2 * H;
-      T* __restrict Cz = D + 3 * H;
-      coefficients<T>(h, r, z, n, ghn, step, implicit, H, D, An, Cr, Cz);
-      for (int64_t j = 0; j < H; ++j) {
-        const T lj = l[j];
-        gh[j] = gx[j] = Cr[j] * lj;
-        gh[H + j] = gx[H + j] = Cz[j] * lj;
-        gh[2 * H + j] = An[j] * r[j] * lj;
-        gx[2 * H + j] = An[j] * lj;
+    // rows [b0, b1): the coefficients, the gate gradients and D lam
+    auto coeffs = [&](int64_t b0, int64_t b1) {
+      std::vector<T> scratch(4 * H);
+      for (int64_t b = b0; b < b1; ++b) {
+        const T* h = P + (k * B + b) * H;
+        const T* kr = K + (k * B + b) * 4 * H;
+        const T *r = kr, *z = kr + H, *n = kr + 2 * H, *ghn = kr + 3 * H;
+        const T step = dtp ? dtp[k * B + b] : T(1);
+        const T* l = L + b * H;
+        T* gx = GX + (k * B + b) * 3 * H;
+        T* gh = GH + (k * B + b) * 3 * H;
+        T* __restrict D = scratch.data();
+        T* __restrict An = D + H;
+        T* __restrict Cr = D + 2 * H;
+        T* __restrict Cz = D + 3 * H;
+        coefficients<T>(h, r, z, n, ghn, step, implicit, H, D, An, Cr, Cz);
+        for (int64_t j = 0; j < H; ++j) {
+          const T lj = l[j];
+          gh[j] = gx[j] = Cr[j] * lj;
+          gh[H + j] = gx[H + j] = Cz[j] * lj;
+          gh[2 * H + j] = An[j] * r[j] * lj;
+          gx[2 * H + j] = An[j] * lj;
+        }
+        T* nb = N + b * H;
+        for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
+        ptrs[b] = gh;
       }
-      T* nb = N + b * H;
-      for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
-      ptrs[b] = gh;
-    }
-    if (B <= SMALL_ROWS)
-      panel_gemm<T>(ptrs.data(), B, panels, PR);
-    else
-      at::mm_out(prod, d_gh.select(0, k), w);
+    };
     const T* f = k >= 1 ? F + (k - 1) * B * H : nullptr;
-    for (int64_t i = 0; i < B * H; ++i) L[i] = N[i] + PR[i] + (f ? f[i] : T(0));
+    auto combine = [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0 * H; i < b1 * H; ++i) L[i] = N[i] + PR[i] + (f ? f[i] : T(0));
+    };
+    step_rows(
+        B, H,
+        [&](int64_t b0, int64_t b1) {
+          coeffs(b0, b1);
+          panel_gemm<T>(ptrs.data() + b0, b1 - b0, panels, PR + b0 * H);
+        },
+        combine,
+        [&] {
+          coeffs(0, B);
+          at::mm_out(prod, d_gh.select(0, k), w);
+        });
   }
   lam0.copy_(lam);
 }

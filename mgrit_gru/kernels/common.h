@@ -6,6 +6,7 @@
 // (S, n, B, W) views with any strides but a contiguous last axis; a row is (chunk, batch).
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <cmath>
@@ -167,6 +168,33 @@ static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const T
     mat = stage;
   }
   at::mm_out(out, mat, w);
+}
+
+// One step over R rows. Few rows (R <= SMALL_ROWS): blocks of four rows, each through
+// `gemm(r0, r1)` (the own panel GEMM of those rows, after whatever they need first) and
+// `math(r0, r1)`, the blocks shared among torch's threads where there is enough work (a
+// block needs nothing of another, so no thread waits within the step). Many rows: `big()`
+// (ATen's GEMM over all rows, threaded by it), then `math` over the threads.
+template <typename G, typename M, typename Big>
+inline void step_rows(int64_t R, int64_t H, G&& gemm, M&& math, Big&& big) {
+  if (R <= SMALL_ROWS) {
+    const int64_t blocks = (R + 3) / 4;
+    auto run = [&](int64_t b0, int64_t b1) {
+      const int64_t r0 = b0 * 4, r1 = std::min(R, b1 * 4);
+      gemm(r0, r1);
+      math(r0, r1);
+    };
+    if (blocks >= 2 && R * H >= 1024 && at::get_num_threads() > 1)
+      at::parallel_for(0, blocks, 1, run);
+    else
+      run(0, blocks);
+    return;
+  }
+  big();
+  if (R * H >= 32768)
+    at::parallel_for(0, R, 16, math);
+  else
+    math(0, R);
 }
 
 inline void check_same(const Tensor& t, const Tensor& like, const char* name) {

@@ -769,7 +769,8 @@ def adjoint_solve(
     rule = _stopping(options, "backward", mgrit_grids, x)
 
     def run(grids: list[Grid]) -> SolveResult:
-        if len(grids) == 1 and whole:
+        if len(grids) == 1 and whole and hier.kept is not None:  # (an MGRIT try before
+            # this fallback linearised from the kept gates and released them)
             dt = None if mask is None else mask.contiguous()
             state["gates"] = cell.kernel_vjp(
                 kernel, points, hier.kept, dt, w_hh, d_out.contiguous(), d_last.contiguous()

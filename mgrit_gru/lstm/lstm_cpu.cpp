@@ -25,8 +25,9 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
-    rows_gemm<T>(vin, sin, R, H, wt, panels, pre, ptrs, stage);  // reads h, the first H of a row
-    const T* pp = pre.data_ptr<T>();
+    T* pp = pre.data_ptr<T>();
+    ptrs.resize(R);
+    for (int64_t r = 0; r < R; ++r) ptrs[r] = vin.row(sin, r);  // the GEMM reads h: a row's first H
     const int64_t j = j0 + s;
     auto rows = [&](int64_t r0, int64_t r1) {
       // per row: the activated gates [i, f, g, o] in a contiguous scratch (the kept gates'
@@ -68,10 +69,9 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
         if (vkeep.defined()) std::memcpy(vkeep.row(s, r), gates, sizeof(T) * 4 * H);
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, rows);
-    else
-      rows(0, R);
+    step_rows(
+        R, H, [&](int64_t r0, int64_t r1) { panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * 4 * H); },
+        rows, [&] { rows_gemm<T>(vin, sin, R, H, wt, panels, pre, ptrs, stage); });
   }
 }
 
@@ -90,6 +90,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
   View<T> vx0(x0), vout(out), vD(D), vC(C), vg(g);
   T* dp = d.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
+  for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
   for (int64_t s = 0; s < S; ++s) {
     const View<T>& vin = s == 0 ? vx0 : vout;
     const int64_t sin = s == 0 ? 0 : s - 1;
@@ -108,16 +109,6 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
         }
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, prep);
-    else
-      prep(0, R);
-    if (R <= SMALL_ROWS) {
-      for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
-      panel_gemm<T>(ptrs.data(), R, panels, pp);
-    } else {
-      at::mm_out(prod, d, w);
-    }
     auto fin = [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
@@ -140,10 +131,20 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
         }
       }
     };
-    if (R * H >= 32768)
-      at::parallel_for(0, R, 16, fin);
-    else
-      fin(0, R);
+    step_rows(
+        R, H,
+        [&](int64_t r0, int64_t r1) {
+          prep(r0, r1);
+          panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * H);
+        },
+        fin,
+        [&] {
+          if (R * H >= 32768)
+            at::parallel_for(0, R, 16, prep);
+          else
+            prep(0, R);
+          at::mm_out(prod, d, w);
+        });
   }
 }
 
@@ -200,52 +201,64 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
     const T* f = F + (Tn - 1) * B * W;
     for (int64_t i = 0; i < B * W; ++i) L[i] = f[i] + dl[i];
   }
-  std::vector<T> scratch(H);
   std::vector<T*> ptrs(B);
   for (int64_t k = Tn - 1; k >= 0; --k) {
-    for (int64_t b = 0; b < B; ++b) {
-      const T* c = P + (k * B + b) * W + H;
-      const T* cn = P + ((k + 1) * B + b) * W + H;
-      const T* kr = K + (k * B + b) * 4 * H;
-      const T *ig = kr, *fg = kr + H, *gg = kr + 2 * H, *og = kr + 3 * H;
-      const T* l = L + b * W;
-      T* dr = G + (k * B + b) * 4 * H;
-      T* nb = N + b * W;
-      ptrs[b] = dr;
-      if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
-        for (int64_t j = 0; j < 4 * H; ++j) dr[j] = T(0);
-        for (int64_t j = 0; j < W; ++j) nb[j] = l[j];
-        continue;
+    // rows [b0, b1): the gate gradients d and the direct part of the new lam
+    auto grads = [&](int64_t b0, int64_t b1) {
+      std::vector<T> scratch(H);
+      for (int64_t b = b0; b < b1; ++b) {
+        const T* c = P + (k * B + b) * W + H;
+        const T* cn = P + ((k + 1) * B + b) * W + H;
+        const T* kr = K + (k * B + b) * 4 * H;
+        const T *ig = kr, *fg = kr + H, *gg = kr + 2 * H, *og = kr + 3 * H;
+        const T* l = L + b * W;
+        T* dr = G + (k * B + b) * 4 * H;
+        T* nb = N + b * W;
+        ptrs[b] = dr;
+        if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
+          for (int64_t j = 0; j < 4 * H; ++j) dr[j] = T(0);
+          for (int64_t j = 0; j < W; ++j) nb[j] = l[j];
+          continue;
+        }
+        T* __restrict tc = scratch.data();
+        for (int64_t j = 0; j < H; ++j) tc[j] = cn[j];
+        tanh_inplace<T>(tc, H);
+        for (int64_t j = 0; j < H; ++j) {
+          const T lh = l[j];
+          const T A = og[j] * (T(1) - tc[j] * tc[j]);
+          const T sv = l[H + j] + A * lh;
+          dr[j] = gg[j] * ig[j] * (T(1) - ig[j]) * sv;
+          dr[H + j] = c[j] * fg[j] * (T(1) - fg[j]) * sv;
+          dr[2 * H + j] = ig[j] * (T(1) - gg[j] * gg[j]) * sv;
+          dr[3 * H + j] = tc[j] * og[j] * (T(1) - og[j]) * lh;
+          nb[j] = T(0);
+          nb[H + j] = fg[j] * sv;
+        }
       }
-      T* __restrict tc = scratch.data();
-      for (int64_t j = 0; j < H; ++j) tc[j] = cn[j];
-      tanh_inplace<T>(tc, H);
-      for (int64_t j = 0; j < H; ++j) {
-        const T lh = l[j];
-        const T A = og[j] * (T(1) - tc[j] * tc[j]);
-        const T sv = l[H + j] + A * lh;
-        dr[j] = gg[j] * ig[j] * (T(1) - ig[j]) * sv;
-        dr[H + j] = c[j] * fg[j] * (T(1) - fg[j]) * sv;
-        dr[2 * H + j] = ig[j] * (T(1) - gg[j] * gg[j]) * sv;
-        dr[3 * H + j] = tc[j] * og[j] * (T(1) - og[j]) * lh;
-        nb[j] = T(0);
-        nb[H + j] = fg[j] * sv;
-      }
-    }
-    if (B <= SMALL_ROWS)
-      panel_gemm<T>(ptrs.data(), B, panels, PR);
-    else
-      at::mm_out(prod, d.select(0, k), w);
+    };
     const T* f = k >= 1 ? F + (k - 1) * B * W : nullptr;
-    for (int64_t b = 0; b < B; ++b) {
-      T* lb = L + b * W;
-      const T* nb = N + b * W;
-      const T* pb = PR + b * H;
-      const T* fb = f ? f + b * W : nullptr;
-      const bool identity = dtp && !(dtp[k * B + b] > T(0));
-      for (int64_t j = 0; j < H; ++j) lb[j] = nb[j] + (identity ? T(0) : pb[j]) + (fb ? fb[j] : T(0));
-      for (int64_t j = H; j < W; ++j) lb[j] = nb[j] + (fb ? fb[j] : T(0));
-    }
+    auto combine = [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        T* lb = L + b * W;
+        const T* nb = N + b * W;
+        const T* pb = PR + b * H;
+        const T* fb = f ? f + b * W : nullptr;
+        const bool identity = dtp && !(dtp[k * B + b] > T(0));
+        for (int64_t j = 0; j < H; ++j) lb[j] = nb[j] + (identity ? T(0) : pb[j]) + (fb ? fb[j] : T(0));
+        for (int64_t j = H; j < W; ++j) lb[j] = nb[j] + (fb ? fb[j] : T(0));
+      }
+    };
+    step_rows(
+        B, H,
+        [&](int64_t b0, int64_t b1) {
+          grads(b0, b1);
+          panel_gemm<T>(ptrs.data() + b0, b1 - b0, panels, PR + b0 * H);
+        },
+        combine,
+        [&] {
+          grads(0, B);
+          at::mm_out(prod, d.select(0, k), w);
+        });
   }
   lam0.copy_(lam);
 }
