@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Lint and the whole test suite (creates .venv on first use).
+# Lint and the whole test suite (creates .venv on first use), then the equivalence tests once
+# more on the PyTorch steps (the suite runs on the default kernels: compiled where built).
 source "$(dirname "$0")/scripts/env.sh"
 ruff check mgrit_gru tests benchmarks
 ruff format --check mgrit_gru tests benchmarks
 python -m pytest "$@"
+if [ $# -eq 0 ]; then
+    MGRIT_GRU_KERNELS=pytorch python -m pytest tests/test_equivalence.py tests/test_lstm_module.py
+fi

@@ -16,10 +16,10 @@ import time
 import torch
 
 import mgrit_gru
-from mgrit_gru import autograd as glue
 from mgrit_gru.bench import parse_setting
 from mgrit_gru.core import cycle
 from mgrit_gru.gru import cell
+from mgrit_gru.layer import autograd as glue
 from mgrit_gru.layer import solve
 
 TIMES: dict[str, float] = collections.defaultdict(float)

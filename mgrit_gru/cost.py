@@ -284,6 +284,13 @@ class Meter:
         self.row_steps += calls * rows
         trace.work(kind, rows, self.hidden, calls, level)
 
+    def charge(self, kind: str, rows: int, calls: int = 1) -> None:
+        """Add the modelled cost of ``calls`` steps of ``kind`` over ``rows`` states that
+        stand for other work (passes over all rows that the alternative does without): no
+        row-steps, no trace entry."""
+        o, c = _costs(self._costs, kind, self._cell_costs)
+        self.spent += calls * (o + c * rows * self._scale)
+
 
 def serial_us(
     kind: str,

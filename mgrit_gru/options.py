@@ -459,17 +459,18 @@ def _auto_cfactor(steps, batch, hidden, device, options) -> int:
     return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 
 
-def as_options(solver: object) -> Union[MGRIT, Auto]:
-    """Turn the ``solver=`` argument of :class:`mgrit_gru.GRU` into options."""
+def as_options(solver: object, name: str = "GRU") -> Union[MGRIT, Auto]:
+    """Turn the ``solver=`` argument of :class:`mgrit_gru.GRU` (or ``mgrit_gru.LSTM``:
+    ``name`` names the module in the error) into options."""
     if isinstance(solver, (MGRIT, Auto)):
         return solver
     if solver == "serial":
         return MGRIT.serial()
     if solver == "mgrit":
         return MGRIT()
-    if solver == "auto" or solver is None:
+    if solver == "auto":
         return Auto()
     raise ValueError(
-        f"GRU: unknown solver={solver!r}; pass 'auto', 'mgrit', 'serial', an "
+        f"{name}: unknown solver={solver!r}; pass 'auto' (the default), 'mgrit', 'serial', an "
         "mgrit_gru.MGRIT(...) or an mgrit_gru.Auto(...) object"
     )

@@ -409,3 +409,22 @@ def test_no_design_md_citation():
     """The design notes live in docs/design.md; no page cites a file outside the repository."""
     for page in PAGES:
         assert "DESIGN.md" not in page.read_text(encoding="utf-8"), _rel(page)
+
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def test_benchmarks_index_lists_the_folder():
+    """benchmarks/README.md has one row per script in the folder, and no row without one."""
+    text = (BENCHMARKS / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.]+\.(?:py|sh))` \|", text, flags=re.M))
+    present = {p.name for p in BENCHMARKS.iterdir() if p.suffix in {".py", ".sh"}}
+    assert listed == present, (sorted(present - listed), sorted(listed - present))
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
+def test_every_benchmark_imports_and_builds_its_parser(script):
+    """Every benchmark script imports (a moved module fails here) and builds its argparse
+    parser, as its --help would."""
+    parser = _script_parser(BENCHMARKS / script)
+    assert parser.format_help().startswith("usage:")

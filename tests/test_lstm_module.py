@@ -287,3 +287,20 @@ def test_serial_forward_runs_torchs_kernel_and_survives_a_refusal(monkeypatch):
     ours.zero_grad()
     for got, w in zip(_run(ours, x, h0, c0, wy, wh, wc), want):
         assert (got - w).abs().max() < 1e-10
+
+
+def test_messages_name_the_lstm():
+    """The LSTM's errors and warnings name the LSTM, not the GRU."""
+    with pytest.raises(ValueError, match=r"^LSTM: unknown solver='fast'"):
+        mgrit_gru.LSTM(3, 4, solver="fast")
+    with pytest.raises(ValueError, match=r"^LSTM: unknown solver=None; pass 'auto'"):
+        mgrit_gru.LSTM(3, 4, solver=None)
+    with pytest.raises(ValueError, match=r"^GRU: unknown solver=None"):
+        mgrit_gru.GRU(3, 4, solver=None)
+    opts = mgrit_gru.MGRIT(cfactor=4, max_iters=1, tol=1e-15, on_unconverged="warn")
+    lstm = mgrit_gru.LSTM(3, 4, solver=opts)
+    with pytest.warns(mgrit_gru.ConvergenceWarning, match=r"^LSTM: MGRIT .*LSTM\.last_stats"):
+        lstm(torch.randn(64, 2, 3))
+    lstm.solver = opts.replace(on_unconverged="raise")
+    with pytest.raises(mgrit_gru.DivergenceError, match=r"^LSTM: MGRIT forward solve did not"):
+        lstm(torch.randn(64, 2, 3))

@@ -53,6 +53,7 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
         _step(m, *work[0])  # warm-up
     times: dict[str, list[float]] = {name: [] for name in models}
     share = [0, 0]
+    kernels: set[str] = set()  # which kernels ran the library's solves (SolveStats.kernels)
     for _ in range(repeats):
         for xb, lengths, yb in work:
             for name, m in models.items():
@@ -61,6 +62,7 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
                 times[name].append(time.perf_counter() - start)
                 stats = getattr(m.rnn, "last_stats", None)
                 if name == cfg.solver and isinstance(m.rnn, Recurrent) and stats is not None:
+                    kernels |= {s.kernels for s in stats.solves}
                     done, total = stats.mgrit_share
                     share[0] += done
                     share[1] += total
@@ -85,6 +87,7 @@ def speed_check(cfg, model, data, batches: int = 8, repeats: int = 3) -> dict:
         "x_serial": ms["serial"] / own if "serial" in ms else None,
         "mgrit_share": share[0] / share[1] if share[1] else None,
         "why": why,
+        "kernels": sorted(kernels),
     }
     return result
 
@@ -119,9 +122,11 @@ def speed_line(result: dict) -> str:
     for name, label in (("torch", torch_name), ("serial", "serial")):
         if name in ms and name != own:
             parts.append(f"{label} {ms[name]:.1f} ms ({ms[name] / ms[own]:.2f}x)")
+    kernels = result.get("kernels")
+    ran = f", {'/'.join(kernels)} kernels" if kernels else ""
     text = (
         f"speed: training step ({result['batches']} batches, final weights, "
-        f"{result['threads']} threads): " + " | ".join(parts)
+        f"{result['threads']} threads{ran}): " + " | ".join(parts)
     )
     if result.get("mgrit_share") is not None:
         text += f"; MGRIT gave {100 * result['mgrit_share']:.0f}% of the solves"

@@ -155,12 +155,14 @@ def solve_guarded(
     control=None,
     spent: Optional[Callable[[], float]] = None,
     serial_cost: float = 0.0,
+    name: str = "GRU",
 ) -> tuple[list[Grid], SolveResult, SolveStats]:
     """``run(grids)``, and what its verdict calls for: a converged or budgeted solve stands;
     a diverged one falls back to the serial grid (warning once) or raises; one stopped by the
     cost guard falls back silently; one that reached its cap follows ``on_unconverged``.
     ``control`` (a :class:`DivergenceMemory` or :class:`AutoChoice`) may send the call to the
-    serial grid at once and learns what it cost. ``spent()``: the modelled cost so far."""
+    serial grid at once and learns what it cost. ``spent()``: the modelled cost so far;
+    ``name``: the module's (``"GRU"``, ``"LSTM"``), in warnings and errors."""
     serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
     key = (pass_, *where)
     mgrit = len(grids) > 1
@@ -174,7 +176,7 @@ def solve_guarded(
         result = run(grids)
         tried = result
         quiet = control is not None and not control.warns
-        if _falls_back(pass_, options, result, quiet):
+        if _falls_back(pass_, options, result, quiet, name):
             grids, result, fell_back = serial, run(serial), True
             result.residuals, result.iterations = tried.residuals, tried.iterations
     if control is not None and mgrit:
@@ -202,7 +204,9 @@ def solve_guarded(
     return grids, result, stats
 
 
-def _falls_back(pass_: str, options: MGRIT, result: SolveResult, quiet: bool = False) -> bool:
+def _falls_back(
+    pass_: str, options: MGRIT, result: SolveResult, quiet: bool = False, name: str = "GRU"
+) -> bool:
     """Whether this MGRIT result gives way to the serial solve (after a warning unless
     ``quiet``, or raises)."""
     history = ", ".join(f"{r:.2e}" for r in result.residuals)
@@ -220,15 +224,15 @@ def _falls_back(pass_: str, options: MGRIT, result: SolveResult, quiet: bool = F
     if result.stopped == "diverged":
         if options.on_divergence == "raise":
             raise DivergenceError(
-                f"MGRIT {pass_} solve diverged (residuals {history}); {_advice(options)}, "
+                f"{name}: MGRIT {pass_} solve diverged (residuals {history}); {_advice(options)}, "
                 "or on_divergence='fallback'"
             )
         if quiet:
             return True
         # A constant text, so that Python's default filter shows it once, not on every batch.
         warnings.warn(
-            f"MGRIT {pass_} solve diverged; falling back to the exact serial solve for such "
-            "calls (residual histories and fell_back flags are in GRU.last_stats)",
+            f"{name}: MGRIT {pass_} solve diverged; falling back to the exact serial solve for "
+            f"such calls (residual histories and fell_back flags are in {name}.last_stats)",
             DivergenceWarning,
             stacklevel=6,
         )
@@ -238,18 +242,18 @@ def _falls_back(pass_: str, options: MGRIT, result: SolveResult, quiet: bool = F
         return options.on_unconverged != "warn"
     if options.on_unconverged == "raise":
         raise DivergenceError(
-            f"MGRIT {pass_} solve did not reach tol within max_iters={result.iterations} "
+            f"{name}: MGRIT {pass_} solve did not reach tol within max_iters={result.iterations} "
             f"cycles (residuals {history}); {_advice(options)}, raise max_iters, or "
             "on_unconverged='fallback'"
         )
     warnings.warn(
-        f"MGRIT {pass_} solve stopped at its cycle cap above the tolerance; "
+        f"{name}: MGRIT {pass_} solve stopped at its cycle cap above the tolerance; "
         + (
             "falling back to the exact serial solve for such calls"
             if options.on_unconverged == "fallback"
             else "its result is kept (on_unconverged='warn')"
         )
-        + " (residuals in GRU.last_stats; raise max_iters or choose on_unconverged)",
+        + f" (residuals in {name}.last_stats; raise max_iters or choose on_unconverged)",
         ConvergenceWarning,
         stacklevel=6,
     )

@@ -153,7 +153,7 @@ class Recurrent(nn.Module):
 
     def _checked(self, value) -> Union[MGRIT, Auto]:
         """``value`` as options, refused where this cell lacks what they ask for."""
-        options = as_options(value)
+        options = as_options(value, self._NAME)
         mgrit = options.mgrit if isinstance(options, Auto) else options
         if isinstance(mgrit.coarse, Implicit):
             implicit_of(self._cell)  # refused where the cell has no implicit step

@@ -546,7 +546,15 @@ def forward_solve(
         )
 
     grids, result, stats = solve_guarded(
-        "forward", options, run, grids, where, control, lambda: meter.spent, serial_cost
+        "forward",
+        options,
+        run,
+        grids,
+        where,
+        control,
+        lambda: meter.spent,
+        serial_cost,
+        cell.name.upper(),
     )
     fused = state["fused"]
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
@@ -787,7 +795,12 @@ def adjoint_solve(
             # what torch's serial backward does without, in the cost of MGRIT's try: the
             # coefficients, c rebuilt and the gradients' GEMMs, each about a step over all
             # rows (not traced: a fused adjoint is off while a trace records)
-            meter.add("step", T * B, 2 + int(hier.partial), trace.SERIAL)
+            meter.charge("step", T * B, 2 + int(hier.partial))
+        elif len(grids) > 1 and whole:  # likewise for the compiled serial adjoint, which
+            # forms the coefficients and gate gradients inside its loop: MGRIT's passes over
+            # all rows for them (coefficients, reversals, forcing, gate gradients) cost about
+            # one PyTorch step over all rows here
+            meter.charge("step", T * B, 1)
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
         D_rev, C_rev, _ = coefficients()
@@ -817,7 +830,15 @@ def adjoint_solve(
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
     grids = mgrit_grids if serial_only or math.isfinite(forcing()[2]) else [Grid(N=T, m=T, n=1)]
     grids, result, stats = solve_guarded(
-        "backward", options, run, grids, where, control, lambda: meter.spent, serial_cost
+        "backward",
+        options,
+        run,
+        grids,
+        where,
+        control,
+        lambda: meter.spent,
+        serial_cost,
+        cell.name.upper(),
     )
     ran = kernels_name(kernel, "grads" in state)
     stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
