@@ -114,10 +114,10 @@ def main(argv=None) -> None:
         for T in args.T:
             for B in args.batch:
                 results += one_shape(model, T, B, args, {model: rates[model][B]})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_name(), "torch": torch.__version__, "rows": results}, f, indent=1)
-        print(f"wrote {args.json}")
+                if args.json:  # after every shape: a run cut short keeps what it measured
+                    with open(args.json, "w") as f:
+                        meta = {"cpu": cpu_name(), "torch": torch.__version__}
+                        json.dump({**meta, "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

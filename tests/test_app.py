@@ -482,6 +482,11 @@ def test_lstm_trains_resumes_evaluates_and_compares(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
     resumed = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["test_acc"] for r in straight] == [r["test_acc"] for r in resumed]
+    capsys.readouterr()
+    # the projection knows the GRU only: an LSTM run is refused in one line
+    assert main(["project", "--T", "64", "--ranks", "1", "--checkpoint", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "is a --model lstm run" in err.strip().splitlines()[-1]
     assert main(["eval", str(run)]) == 0
     compare = tmp_path / "cmp"
     argv = ["compare", *flags({**small, "epochs": 1}), "--with-torch", "--out", str(compare)]

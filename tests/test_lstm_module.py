@@ -3,6 +3,8 @@ gradient (input, h0, c0, weights, biases), on shapes of several kinds; its error
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -304,3 +306,30 @@ def test_messages_name_the_lstm():
     lstm.solver = opts.replace(on_unconverged="raise")
     with pytest.raises(mgrit_gru.DivergenceError, match=r"^LSTM: MGRIT forward solve did not"):
         lstm(torch.randn(64, 2, 3))
+
+
+def test_stopping_test_judges_h_by_its_own_size():
+    """An LSTM whose cell state grows large (weights x6, forget-gate bias +5: max |c| about
+    190 against |h| < 1): float32 MGRIT to its default tolerance gives h within 4x of the
+    error torch.nn.LSTM's own float32 run has against the float64 answer. (Judged by the size
+    of the stacked [h, c], as before, the early exit's threshold and the residual of h scaled
+    with |c|: 6.4-7x torch's error here, 50x on another network.)"""
+    torch.manual_seed(0)
+    H = 16
+    ref = torch.nn.LSTM(4, H)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(6.0)
+        ref.bias_hh_l0[H : 2 * H] += 5.0
+    x = torch.randn(2000, 4, 4)
+    with torch.no_grad():
+        exact, (_, c_n) = ref(x)
+        assert c_n.abs().max() > 100  # the case: c far larger than h
+        ref32 = copy.deepcopy(ref).float()
+        torch_err = (ref32(x.float())[0].double() - exact).abs().max().item()
+        for kernels in ("pytorch", "compiled"):
+            ours = mgrit_gru.LSTM.from_torch(ref32, solver=mgrit_gru.MGRIT(), kernels=kernels)
+            y, _ = ours(x.float())
+            err = (y.double() - exact).abs().max().item()
+            assert ours.last_stats.forward[0].levels > 1  # MGRIT gave the result
+            assert err <= 4 * torch_err, (kernels, err, torch_err)

@@ -385,12 +385,26 @@ class _Solver:
         self.f_relax(level, u, g)
 
 
-def _residual(propagated: Tensor, u: Tensor, uend: Tensor) -> tuple[float, float]:
-    """The largest absolute C-point residual and the largest absolute candidate C-point (the
-    size of the solution there)."""
-    both = torch.stack([(propagated - chunk_ends(u, uend)).abs().max(), propagated.abs().max()])
-    residual, size = both.tolist()  # one read from the device
-    return residual, size
+def _residual(propagated: Tensor, u: Tensor, uend: Tensor, blocks: int = 1) -> tuple[list, list]:
+    """Per block of the state's last axis: the largest absolute C-point residual and the
+    largest absolute candidate C-point (the size of the solution there)."""
+    diff = (propagated - chunk_ends(u, uend)).abs()
+    if blocks == 1 or propagated.numel() == 0:
+        both = torch.stack([diff.max(), propagated.abs().max()]) if propagated.numel() else None
+        residual, size = (0.0, 0.0) if both is None else both.tolist()  # one device read
+        return [residual], [size]
+    split = (-1, blocks, propagated.shape[-1] // blocks)
+    per = torch.stack(
+        [diff.reshape(split).amax((0, 2)), propagated.abs().reshape(split).amax((0, 2))]
+    ).tolist()  # one device read
+    return per[0], per[1]
+
+
+def _block_max(t: Tensor, blocks: int) -> list[float]:
+    """The largest absolute value per block of ``t``'s last axis (0 for an empty ``t``)."""
+    if t.numel() == 0:
+        return [0.0] * blocks
+    return t.abs().reshape(-1, blocks, t.shape[-1] // blocks).amax((0, 2)).tolist()
 
 
 Guard = Callable[[list[float]], Optional[str]]
@@ -504,14 +518,15 @@ def solve(
         solver.exact(0, u, uend, g)
         return SolveResult(u, uend)
     result = SolveResult(u, uend, converged=False)
-    start = u0.abs().max().item() if u0.numel() else 0.0
-    size: Optional[float] = None  # the solution's size at the last residual
+    blocks = stop.blocks
+    start = _block_max(u0, blocks)
+    sizes: Optional[list[float]] = None  # the solution's size per block at the last residual
 
     def threshold(points: Tensor) -> float:
-        nonlocal size
-        if size is None:  # the first sweep's last F-points
-            size = max(start, comm.max(points[-1].abs().max().item() if points.numel() else 0.0))
-        return stop.tol * stop.scale(size)
+        nonlocal sizes
+        if sizes is None:  # the first sweep's last F-points
+            sizes = [max(a, comm.max(b)) for a, b in zip(start, _block_max(points[-1], blocks))]
+        return stop.tol * min(stop.scale(size) for size in sizes)  # the smallest block's
 
     exit_tol = threshold if early_exit else None
     for _ in range(max_iters + 1):
@@ -522,11 +537,16 @@ def solve(
         else:
             exited = solver.smooth(0, u, uend, g, exit_tol, stored=result.iterations > 0)
         propagated = solver.propagate_last(0, u, g)
-        res, local_size = _residual(propagated, u, uend)
-        if exited is not None:
-            res = max(res, float(exited))
-        res, size = comm.max(res), max(start, comm.max(local_size))
-        res = res / stop.scale(size)
+        local_res, local_sizes = _residual(propagated, u, uend, blocks)
+        if exited is not None and blocks == 1:
+            local_res[0] = max(local_res[0], float(exited))
+        global_res = [comm.max(r) for r in local_res]
+        sizes = [max(a, comm.max(b)) for a, b in zip(start, local_sizes)]
+        # each block of the state judged by its own size (an LSTM's h beside its c)
+        res = max(r / stop.scale(size) for r, size in zip(global_res, sizes))
+        if exited is not None and blocks > 1:  # an early exit's difference (of the whole
+            # state): against the smallest block's size
+            res = max(res, comm.max(float(exited)) / min(stop.scale(size) for size in sizes))
         result.residuals.append(res)
         if not math.isfinite(res):
             result.stopped = "diverged"

@@ -67,11 +67,15 @@ class StopTest:
             run the budget's cycles).
         floor: the relative residual rounding leaves (:func:`floor`); 0: not judged.
         data: the smallest scale a residual is divided by (the size of the solution's data).
+        blocks: the state's last axis holds this many equal blocks (an LSTM's ``[h, c]``:
+            2), each judged by its own size: a residual of ``h`` is not divided by the size of
+            a large ``c``.
     """
 
     tol: float = 0.0
     floor: float = 0.0
     data: float = 0.0
+    blocks: int = 1
 
     def scale(self, solution_size: float) -> float:
         return max(solution_size, self.data, torch.finfo(torch.float64).tiny)

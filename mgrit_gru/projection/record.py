@@ -107,6 +107,12 @@ def from_run(run, steps: int, batch: int):
 
     run = Path(run)
     cfg = train.read_config(run)
+    if getattr(cfg, "model", "gru") != "gru":
+        raise ValueError(
+            f"{run} is a --model {cfg.model} run: the projection knows the GRU's steps only "
+            "(traces and device models are the GRU's); project a GRU run, or give no "
+            "--checkpoint for random weights"
+        )
     state = train.load_checkpoint(run)["model"]
     weights = {k[len("rnn.") :]: v for k, v in state.items() if k.startswith("rnn.")}
     if not weights or any(k.endswith("_reverse") for k in weights):
