@@ -17,7 +17,7 @@ from .projection import cli as projection_cli
 
 
 def _train(args: argparse.Namespace) -> None:
-    from .app import report, train
+    from .app import train
 
     overrides = given_overrides(args)
     if not args.resume:
@@ -34,6 +34,19 @@ def _train(args: argparse.Namespace) -> None:
     history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
     if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
         return  # rank 0 writes the report
+    try:
+        _finish_run(args, cfg, run, history)
+    except KeyboardInterrupt:  # after the training: what is saved, and how to finish
+        raise train.Interrupted(
+            f"Ctrl-C while the run's report was written; the training finished and "
+            f"{run / train.CHECKPOINT} holds it: mgrit-gru train --resume {run} writes the report"
+        ) from None
+
+
+def _finish_run(args: argparse.Namespace, cfg: TrainConfig, run: Path, history) -> None:
+    """A finished run's closing speed check, report and last lines."""
+    from .app import report, train
+
     speed = None
     if cfg.time_parallel == 1 and not args.no_speed_check:
         try:
@@ -75,6 +88,11 @@ def _compare(args: argparse.Namespace) -> None:
         saved = str(exc).split(": continue with")[0]
         raise train.Interrupted(
             f"{saved}; continue the comparison with the same options and --resume --out {out}"
+        ) from None
+    except KeyboardInterrupt:  # between runs or while a report is written
+        raise train.Interrupted(
+            f"Ctrl-C; what the comparison's runs finished is saved in {out}: continue it with "
+            f"the same options and --resume --out {out}"
         ) from None
 
 
@@ -232,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         print(f"mgrit-gru {args.command}: {exc}", file=sys.stderr)
         return 130  # the shell's code for a run stopped by Ctrl-C
+    except KeyboardInterrupt:  # anywhere else: one line, never a traceback or exit 0
+        print(
+            f"mgrit-gru {args.command}: interrupted by Ctrl-C; nothing of this command was "
+            "kept beyond what it had saved: run it again (train and compare: with --resume)",
+            file=sys.stderr,
+        )
+        return 130
     except TimeParallelError as exc:  # a rank died or hung: its partner says so, once
         print(f"mgrit-gru {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 3

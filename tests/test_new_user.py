@@ -581,3 +581,40 @@ def test_speed_line_says_why_auto_solved_serially(f32):
     }
     line = speed_line(result)
     assert "MGRIT gave 0% of the solves (the rest were solved serially: these weights" in line
+
+
+# In a fresh process: the report phase's Ctrl-C is a real SIGINT (imports included).
+_CTRL_C_IN_REPORT = """
+import os, signal, sys
+from mgrit_gru.app import report
+real = report.write_run_report
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered while the report is made
+    return real(*args, **kwargs)
+report.write_run_report = interrupted
+from mgrit_gru.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_the_report_is_written_in_a_real_process(tmp_path):
+    """A real SIGINT while train writes its report: one line, exit 130, what to run next;
+    `--resume` then writes the report; never a traceback or exit 0."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(run), "--no-progress"]
+    argv += ["--no-speed-check"]
+    env = {**os.environ, "MGRIT_GRU_CALIBRATION": "builtin"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_IN_REPORT, *argv],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    err = done.stderr.strip()
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert f"mgrit-gru train --resume {run}" in err and "writes the report" in err
+    assert not (run / "report.md").exists() and load_checkpoint(run)["epoch"] == 1
+    assert main(["train", "--resume", str(run), "--no-speed-check", "--no-progress"]) == 0
+    assert (run / "report.md").exists()
