@@ -177,7 +177,6 @@ def gru():
             r"input dtype torch.float32 does not match the parameters' dtype torch.float64",
         ),
         (lambda: (torch.randn(0, 2, 3), None), ValueError, r"empty sequence"),
-        (lambda: (torch.randn(5, 0, 3), None), ValueError, r"empty batch"),
         (
             lambda: (torch.tensor([[[1.0, float("nan"), 0.0]]]), None),
             ValueError,
@@ -256,3 +255,28 @@ def test_roundoff_reads_the_matmul_precision(monkeypatch):
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
     assert stopping.roundoff(torch.float32) == 2.0**-7
     assert stopping.roundoff(torch.float64) == torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_an_empty_batch_is_answered_as_torch_does(kind, batch_first):
+    """A batch of size 0 gives torch's shapes (outputs and final states with batch 0), and a
+    backward through them runs, every gradient zero (torch.nn.GRU / LSTM do the same)."""
+    torch_cls, ours_cls = {
+        "gru": (torch.nn.GRU, mgrit_gru.GRU),
+        "lstm": (torch.nn.LSTM, mgrit_gru.LSTM),
+    }[kind]
+    ref = torch_cls(3, 4, 2, bidirectional=True, batch_first=batch_first)
+    ours = ours_cls.from_torch(ref)
+    x = torch.randn(0, 5, 3) if batch_first else torch.randn(5, 0, 3)
+    for module in (ref, ours):
+        leaf = x.clone().requires_grad_()
+        y, h_n = module(leaf)
+        y_ref, h_ref = ref(x)
+        assert y.shape == y_ref.shape
+        states = h_n if isinstance(h_n, tuple) else (h_n,)
+        refs = h_ref if isinstance(h_ref, tuple) else (h_ref,)
+        assert [s.shape for s in states] == [s.shape for s in refs]
+        (y.sum() + sum(s.sum() for s in states)).backward()
+        assert all(p.grad is None or not p.grad.any() for p in module.parameters())
+        module.zero_grad()

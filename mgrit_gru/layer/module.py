@@ -283,8 +283,6 @@ class Recurrent(nn.Module):
         seq_dim = 1 if (batched and self.batch_first) else 0
         if x.shape[seq_dim] == 0:
             raise ValueError(f"{name}: empty sequence (length 0)")
-        if batched and x.shape[1 - seq_dim] == 0:
-            raise ValueError(f"{name}: empty batch (batch size 0)")
         if not _all_finite(x):
             raise ValueError(f"{name}: input contains NaN or Inf")
         batch = x.shape[1 - seq_dim] if batched else None
@@ -414,6 +412,8 @@ class Recurrent(nn.Module):
         x, batched, batch = self._check_input(input)
         u0 = None if hx is None else self._initial_state(hx, batch)
         T, B = x.shape[:2]
+        if B == 0:
+            return self._empty_batch(x, u0, batched)
         lengths = self._check_lengths(lengths, B, batched)
         tg = self._time_context(T, B, lengths, x.device)
         t0, steps = (0, T) if tg is None else (tg.start, tg.steps)
@@ -446,6 +446,20 @@ class Recurrent(nn.Module):
         if self.batch_first:
             out = out.transpose(0, 1)
         return out, h_n
+
+    def _empty_batch(self, x: Tensor, u0: Optional[Tensor], batched: bool) -> tuple:
+        """An empty batch ``(T, 0, I)``, as torch answers it: outputs ``(T, 0, D * H)`` and final
+        states of batch 0, joined to the graph (backward runs; every gradient is zero)."""
+        directions = 2 if self.bidirectional else 1
+        H, S = self.hidden_size, self._cell.state * self.hidden_size
+        anchor = x.sum() * 0 + sum(p.sum() for p in self.parameters()) * 0
+        if u0 is not None:
+            anchor = anchor + u0.sum() * 0
+        out = x.new_zeros((x.shape[0], 0, directions * H)) + anchor
+        u_n = x.new_zeros((directions * self.num_layers, 0, S)) + anchor
+        self.last_stats = RunStats()
+        out = out.transpose(0, 1) if self.batch_first else out
+        return out, self._final_state(u_n, batched)
 
     def _run(self, x: Tensor, u0: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
         """All layers and directions: the output ``(T, B, D * H)`` and the final states
