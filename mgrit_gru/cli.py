@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -31,7 +34,8 @@ def _train(args: argparse.Namespace) -> None:
         cfg = TrainConfig(**overrides)
         run = Path(args.out) if args.out else train.default_run_dir(cfg)
     calibrate.for_run(cfg, run, bool(args.resume))  # this machine's cost model, pinned
-    history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
+    with _ranks_report_failures(cfg, run):
+        history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
     if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
         return  # rank 0 writes the report
     try:
@@ -41,6 +45,43 @@ def _train(args: argparse.Namespace) -> None:
             f"Ctrl-C while the run's report was written; the training finished and "
             f"{run / train.CHECKPOINT} holds it: mgrit-gru train --resume {run} writes the report"
         ) from None
+
+
+@contextlib.contextmanager
+def _ranks_report_failures(cfg: TrainConfig, run: Path):
+    """A --time-parallel run: a lost rank is one line with how to resume (exit 3). A rank
+    that died leaves its partners' exchanges failing (mgrit_gru.distributed names the
+    ranks); torchrun then stops the survivors with SIGTERM, which says so too."""
+    from .distributed import TimeGroup, TimeParallelError
+
+    if cfg.time_parallel == 1:
+        yield
+        return
+    rank = os.environ.get("RANK", "?")
+
+    def stopped(signum, frame):
+        who = "another rank died or was killed"
+        if torch.distributed.is_initialized():  # which ranks are gone: they miss a roll call
+            missing = TimeGroup(roll_call_s=2.0).roll_call()
+            if missing:
+                who = f"rank(s) {missing} did not answer a roll call: they died or were killed"
+        raise TimeParallelError(
+            f"time-parallel rank {rank}: stopped by SIGTERM (torchrun stops every rank once "
+            f"one has failed; {who})"
+        )
+
+    old = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    except TimeParallelError as exc:
+        resume = (
+            f"torchrun --nproc-per-node {cfg.time_parallel} -m mgrit_gru.cli train --resume {run}"
+        )
+        raise TimeParallelError(
+            f"{exc}; the last finished epoch is saved: resume with {resume}"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _finish_run(args: argparse.Namespace, cfg: TrainConfig, run: Path, history) -> None:

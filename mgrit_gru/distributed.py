@@ -122,6 +122,8 @@ class TimeGroup:
                 if not missing or time.monotonic() >= deadline:
                     return missing
                 time.sleep(0.05)
+        except TimeParallelError:  # stopped meanwhile (SIGTERM from torchrun): say that
+            raise
         except (RuntimeError, ValueError, AttributeError):
             return None
 

@@ -399,3 +399,57 @@ def _mesh_worker(rank: int, size: int, port: int) -> None:
 
 def test_data_by_time_mesh():
     mp.spawn(_mesh_worker, args=(4, _free_port()), nprocs=4, join=True)
+
+
+# A rank of `mgrit-gru train --time-parallel 2` under torchrun that is killed (SIGKILL) as its
+# second epoch starts; the other is left to find out.
+_KILLED_RANK = """
+import os, signal, sys
+if os.environ.get("RANK") == "1":
+    from mgrit_gru.app import train
+    real = train._train_epoch
+    def epoch(cfg, model, optimizer, data, number, *args, **kwargs):
+        if number == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(cfg, model, optimizer, data, number, *args, **kwargs)
+    train._train_epoch = epoch
+from mgrit_gru.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_rank_under_torchrun_is_one_line_and_resumable(tmp_path):
+    """Real processes: torchrun, two ranks, rank 1 killed in epoch 2. Rank 0 says it in one
+    line of the library's (the lost rank, how to resume; no gloo traceback) and exits with 3;
+    resuming with the command it names finishes the run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_RANK)
+    run = tmp_path / "run"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    args = ["train", "--time-parallel", "2", "--dataset", "adding", "--length", "64"]
+    args += ["--max-train", "32", "--max-test", "16", "--hidden", "8", "--batch-size", "16"]
+    args += ["--epochs", "2", "--cfactor", "4", "--threads", "1", "--timeout", "20"]
+    args += ["--out", str(run), "--no-progress", "--no-speed-check"]
+    env = {**os.environ, "MGRIT_GRU_CALIBRATION": "builtin", "OMP_NUM_THREADS": "1"}
+    port = ["--master-port", str(_free_port())]
+    done = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", *port, str(script), *args],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    ours = [line for line in out.splitlines() if line.startswith("mgrit-gru train: error:")]
+    assert done.returncode != 0 and len(ours) == 1, out
+    assert "time-parallel rank 0" in ours[0] and "rank(s) [1] did not answer" in ours[0]
+    assert f"-m mgrit_gru.cli train --resume {run}" in ours[0]
+    assert "distributed_c10d.py" not in out  # no gloo traceback of the surviving rank
+    resumed = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", *port, "-m", "mgrit_gru.cli", "train", "--resume",
+         str(run), "--no-progress", "--no-speed-check"],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2

@@ -599,7 +599,10 @@ def _train_epoch(
         else:  # every rank holds the same loss: backpropagate 1/P of it, then sum the head's
             (loss / tg.size).backward()
             for p in model.head.parameters():
-                dist.all_reduce(p.grad, group=tg.group)
+                try:
+                    dist.all_reduce(p.grad, group=tg.group)
+                except RuntimeError as exc:  # a rank died or hangs: name it, as the solve does
+                    raise tg.failed("the head's gradient sum", exc) from exc
         if cfg.clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         for group in optimizer.param_groups:
