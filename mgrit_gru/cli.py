@@ -33,6 +33,13 @@ def _train(args: argparse.Namespace) -> None:
     else:
         cfg = TrainConfig(**overrides)
         run = Path(args.out) if args.out else train.default_run_dir(cfg)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and cfg.time_parallel == 1:  # each process would train the same run alone
+        raise train.RunError(
+            f"started by torchrun with {world} processes but without --time-parallel: each "
+            f"would train the same run into the same folder; add --time-parallel {world} (one "
+            "sequence split over the processes), or run mgrit-gru train without torchrun"
+        )
     calibrate.for_run(cfg, run, bool(args.resume))  # this machine's cost model, pinned
     with _ranks_report_failures(cfg, run):
         history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)

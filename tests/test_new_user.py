@@ -618,3 +618,15 @@ def test_ctrl_c_while_the_report_is_written_in_a_real_process(tmp_path):
     assert not (run / "report.md").exists() and load_checkpoint(run)["epoch"] == 1
     assert main(["train", "--resume", str(run), "--no-speed-check", "--no-progress"]) == 0
     assert (run / "report.md").exists()
+
+
+def test_torchrun_without_time_parallel_is_refused(tmp_path, monkeypatch, capsys):
+    """Under torchrun (WORLD_SIZE > 1) without --time-parallel every process would train the
+    same run into one folder: refused in one line that names the fix; nothing is written."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run = tmp_path / "run"
+    argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(run), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "add --time-parallel 2" in err
+    assert not run.exists()

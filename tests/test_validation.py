@@ -280,3 +280,17 @@ def test_an_empty_batch_is_answered_as_torch_does(kind, batch_first):
         (y.sum() + sum(s.sum() for s in states)).backward()
         assert all(p.grad is None or not p.grad.any() for p in module.parameters())
         module.zero_grad()
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_the_meta_device_gives_torchs_shapes(kind):
+    """On the meta device (shapes without data: model inspection, FLOP counters) a call
+    returns what torch's module returns there: outputs and states of the right shapes."""
+    ref = getattr(torch.nn, kind)(3, 4, 2, bidirectional=True, batch_first=True, device="meta")
+    ours = getattr(mgrit_gru, kind)(3, 4, 2, bidirectional=True, batch_first=True, device="meta")
+    x = torch.randn(2, 5, 3, device="meta")
+    (y, h), (y_ref, h_ref) = ours(x), ref(x)
+    states = h if isinstance(h, tuple) else (h,)
+    refs = h_ref if isinstance(h_ref, tuple) else (h_ref,)
+    assert y.device.type == "meta" and y.shape == y_ref.shape
+    assert [s.shape for s in states] == [s.shape for s in refs]

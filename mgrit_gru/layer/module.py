@@ -412,7 +412,7 @@ class Recurrent(nn.Module):
         x, batched, batch = self._check_input(input)
         u0 = None if hx is None else self._initial_state(hx, batch)
         T, B = x.shape[:2]
-        if B == 0:
+        if B == 0 or x.device.type == "meta":  # nothing to solve, or shapes only
             return self._empty_batch(x, u0, batched)
         lengths = self._check_lengths(lengths, B, batched)
         tg = self._time_context(T, B, lengths, x.device)
@@ -448,15 +448,17 @@ class Recurrent(nn.Module):
         return out, h_n
 
     def _empty_batch(self, x: Tensor, u0: Optional[Tensor], batched: bool) -> tuple:
-        """An empty batch ``(T, 0, I)``, as torch answers it: outputs ``(T, 0, D * H)`` and final
-        states of batch 0, joined to the graph (backward runs; every gradient is zero)."""
+        """An empty batch ``(T, 0, I)``, or a call on the meta device (shapes only), as torch
+        answers them: outputs ``(T, B, D * H)`` and final states, joined to the graph
+        (backward runs; every gradient is zero)."""
         directions = 2 if self.bidirectional else 1
         H, S = self.hidden_size, self._cell.state * self.hidden_size
         anchor = x.sum() * 0 + sum(p.sum() for p in self.parameters()) * 0
         if u0 is not None:
             anchor = anchor + u0.sum() * 0
-        out = x.new_zeros((x.shape[0], 0, directions * H)) + anchor
-        u_n = x.new_zeros((directions * self.num_layers, 0, S)) + anchor
+        B = x.shape[1]
+        out = x.new_zeros((x.shape[0], B, directions * H)) + anchor
+        u_n = x.new_zeros((directions * self.num_layers, B, S)) + anchor
         self.last_stats = RunStats()
         out = out.transpose(0, 1) if self.batch_first else out
         return out, self._final_state(u_n, batched)
@@ -602,12 +604,15 @@ def _all_finite(t: Tensor) -> bool:
     """No NaN or Inf in ``t``. One NaN or Inf makes the sum NaN or Inf, so a finite sum proves
     there is none: one reduction (0.1 ms for 2M floats here, where ``isfinite(t).all()`` took
     5 ms). A sum that overflowed from finite values falls to the exact check."""
-    if _functorch_active():  # vmap cannot branch on values; NaN then propagates as in torch
+    if _functorch_active() or t.device.type == "meta":  # vmap cannot branch on values (NaN
+        # then propagates as in torch); a meta tensor has none
         return True
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def _autocast_enabled(device_type: str) -> bool:
+    if device_type == "meta":  # no autocast there (torch raises for the device type)
+        return False
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4: no device argument
