@@ -294,3 +294,26 @@ def test_the_meta_device_gives_torchs_shapes(kind):
     refs = h_ref if isinstance(h_ref, tuple) else (h_ref,)
     assert y.device.type == "meta" and y.shape == y_ref.shape
     assert [s.shape for s in states] == [s.shape for s in refs]
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+@pytest.mark.parametrize("change", ["relu_", "imul", "setitem"])
+def test_outputs_may_be_changed_in_place(kind, change):
+    """In-place operations on the output, as torch's RNNs allow them: the gradients equal
+    torch's module's under the same operations."""
+    ref = getattr(torch.nn, kind)(3, 4)
+    ours = getattr(mgrit_gru, kind).from_torch(ref, solver="serial")
+    x = torch.randn(20, 2, 3)
+    grads = []
+    for module in (ref, ours):
+        leaf = x.clone().requires_grad_()
+        y, _ = module(leaf)
+        if change == "relu_":
+            y.relu_()
+        elif change == "imul":
+            y *= 2
+        else:
+            y[0] = 0
+        y.square().sum().backward()
+        grads.append(leaf.grad)
+    assert (grads[0] - grads[1]).abs().max() < 1e-12

@@ -51,7 +51,9 @@ class LayerFunction(torch.autograd.Function):
         # the global end state lives on the last rank (in this direction)
         comm = LocalComm(where[1]) if tg is None else tg.comm(reverse=where[1])
         h_n = comm.last(points[T].clone())
-        return points[1:], h_n
+        # a tensor of its own, not a view of the saved points: the caller may change it in
+        # place (y.relu_(), y[0] = 0), as torch's RNNs allow, without touching the backward's
+        return points[1:].clone(), h_n
 
     @staticmethod
     def backward(ctx, d_y, d_hn):
