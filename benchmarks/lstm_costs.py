@@ -97,6 +97,35 @@ def compiled(H: int, rows: int, S: int = 64) -> dict[str, float]:
     return out
 
 
+GRID = ((16, 1, 8), (64, 16, 8), (64, 4, 64), (784, 32, 64), (4096, 4, 64))
+
+
+def model_check() -> None:
+    """The cost model's price of the LSTM's serial solves (torch's kernel forward and
+    backward) against their measured time over a grid of small and large shapes: a ratio
+    within 0.5-2 is the aim."""
+    from mgrit_gru import cost
+
+    print("serial LSTM by torch's kernel, model / measured (T, B, H):")
+    for T, B, H in GRID:
+        x, lstm = torch.randn(T, B, 3), torch.nn.LSTM(3, H)
+        w = [p.detach() for p in (lstm.weight_ih_l0, lstm.weight_hh_l0)]
+        w += [p.detach() for p in (lstm.bias_ih_l0, lstm.bias_hh_l0)]
+        u0, d, d_last = torch.zeros(B, 2 * H), torch.randn(T, B, 2 * H), torch.randn(B, 2 * H)
+        d[..., H:] = 0
+        calls = max(3, 2000 // T)
+        with torch.no_grad():
+            fwd = per_call_us(lambda: L.fused_forward(x, u0, *w), calls)  # noqa: B023
+        adj = per_call_us(lambda: L.fused_vjp(x, u0, *w, d, d_last), calls)  # noqa: B023
+        costs = L.LSTMCell.costs
+        mf = cost.serial_us("fused", T, B, H, "cpu", costs)
+        ma = cost.serial_us("fused_adjoint", T, B, H, "cpu", costs)
+        print(
+            f"  T={T:<5} B={B:<3} H={H:<3} forward {mf:8.0f} / {fwd:8.0f} us = {mf / fwd:.2f}"
+            f"   adjoint {ma:8.0f} / {adj:8.0f} us = {ma / adj:.2f}"
+        )
+
+
 def fit(small: float, large: float, rows: tuple[int, int]) -> tuple[float, float]:
     c = (large - small) / (rows[1] - rows[0])
     return max(small - c * rows[0], 0.0), c
@@ -139,3 +168,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    model_check()

@@ -250,9 +250,18 @@ def step_us(
 def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, float]:
     """``(o, c)`` of ``kind`` for a cell: the table's GRU entry of its base kind, times the
     cell's multipliers (none: the GRU's own)."""
-    base, o_times, c_times = (cell_costs or {}).get(kind, (kind, 1.0, 1.0))
+    base, o_times, c_times = (cell_costs or {}).get(kind, (kind, 1.0, 1.0))[:3]
     o, c = row[base]
     return o * o_times, c * c_times
+
+
+def call_us(kind: str, device: str = "cpu", cell_costs: Optional[dict] = None) -> float:
+    """The fixed cost of one call of a serial kernel of ``kind`` (a cell's fourth multiplier,
+    of its base kind's ``o``: torch's LSTM kernel sets up its primitive on every call), or 0."""
+    entry = (cell_costs or {}).get(kind, ())
+    if len(entry) < 4:
+        return 0.0
+    return table()[_kind(device)][entry[0]][0] * entry[3]
 
 
 def overhead_rows(hidden: int, device: str = "cpu", kind: str = "step") -> float:
@@ -300,5 +309,7 @@ def serial_us(
     device: str = "cpu",
     cell_costs: Optional[dict] = None,
 ) -> float:
-    """Modelled time of a serial sweep of ``steps`` steps over ``batch`` sequences."""
-    return steps * step_us(kind, batch, hidden, device, cell_costs)
+    """Modelled time of a serial sweep of ``steps`` steps over ``batch`` sequences (and the
+    kernel's fixed cost per call, where a cell states one: :func:`call_us`)."""
+    per_call = call_us(kind, device, cell_costs)
+    return per_call + steps * step_us(kind, batch, hidden, device, cell_costs)

@@ -45,8 +45,9 @@ class Cell(Protocol):
     fused_adjoint: bool  # fused_vjp may run this cell's serial adjoint
     implicit: Optional[Cell]  # the variant that steps an Implicit coarse level, or None
     # the cost model (mgrit_gru.cost) is measured on GRU steps: per kind of step ("step",
-    # "adjoint", "fused", "fused_adjoint"), (the GRU kind it is measured against, overhead
-    # multiplier, per-row multiplier); {} for the GRU itself
+    # "adjoint", "fused", "fused_adjoint", "sweep", "sweep_adjoint"), (the GRU kind it is
+    # measured against, overhead multiplier, per-row multiplier[, a serial kernel's fixed
+    # cost per call in units of that kind's overhead]); {} for the GRU itself
     costs: dict
     # which kernels run its sweeps (mgrit_gru.kernels.CHOICES), None: the process default
     kernels: Optional[str]
