@@ -3,6 +3,7 @@ torch.nn.LSTMCell and autograd in float64."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mgrit_gru.lstm import cell
@@ -143,9 +144,15 @@ def test_the_cost_model_prices_lstm_steps_by_its_multipliers():
 
     costs = cell.LSTMCell.costs
     row = cost.table()["cpu"]
-    for kind, (base, o_times, c_times) in costs.items():
+    for kind, (base, o_times, c_times, *call) in costs.items():
         o, c = row[base]
         assert cost.step_us(kind, 10, 64, "cpu", costs) == o * o_times + c * c_times * 10
+        # a serial kernel's fixed cost per call, where the cell states one
+        fixed = o * call[0] if call else 0.0
+        assert cost.call_us(kind, "cpu", costs) == fixed
+        serial = cost.serial_us(kind, 50, 10, 64, "cpu", costs)
+        assert serial == pytest.approx(fixed + 50 * cost.step_us(kind, 10, 64, "cpu", costs))
+    assert cost.call_us("fused", "cpu", costs) > 0  # torch's LSTM kernel sets itself up
     assert cost.step_us("step", 10, 64, "cpu", GRUCell().costs) == cost.step_us("step", 10, 64)
     meter = cost.Meter(64, "cpu", costs)
     meter.add("fused", 4, 100, cost_kind="fused_adjoint")
