@@ -530,3 +530,14 @@ def test_a_budget_without_solver_mgrit_is_refused():
     with pytest.raises(ValueError, match="needs --solver mgrit"):
         TrainConfig(budget_forward=2, budget_backward=1)
     assert TrainConfig(budget_forward=2, budget_backward=1, solver="mgrit").budget is not None
+
+
+def test_a_time_parallel_run_is_named_for_the_solver_it_runs():
+    """--solver auto across time-parallel ranks is MGRIT (the choice is off there): the run's
+    folder and report say mgrit, not auto."""
+    from mgrit_gru.app.train import default_run_dir
+
+    cfg = TrainConfig(time_parallel=2)
+    assert cfg.solver == "auto" and cfg.solver_run == "mgrit"
+    assert "-mgrit-" in default_run_dir(cfg).name
+    assert TrainConfig().solver_run == "auto" and "-auto-" in default_run_dir(TrainConfig()).name

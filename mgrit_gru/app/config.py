@@ -328,6 +328,14 @@ class TrainConfig:
             raise ValueError("--time-parallel needs --solver mgrit or serial")
 
     @property
+    def solver_run(self) -> str:
+        """The solver the run actually uses: ``--solver auto`` across time-parallel ranks is
+        MGRIT (the automatic choice is off there; the ranks must decide alike)."""
+        if self.time_parallel > 1 and self.solver == "auto":
+            return "mgrit"
+        return self.solver
+
+    @property
     def budget(self) -> Optional[Budget]:
         """The fixed cycle budget of a --budget-forward/--budget-backward run, else None."""
         if self.budget_forward is None or self.solver != "mgrit":

@@ -142,7 +142,8 @@ def write_run_report(
     serial = "test_acc_serial" in last
     budget = cfg.budget
     lines = [
-        f"# Training run: {cfg.dataset}, solver {cfg.solver}"
+        f"# Training run: {cfg.dataset}, solver {cfg.solver_run}"
+        + (f" on {cfg.time_parallel} time-parallel ranks" if cfg.time_parallel > 1 else "")
         + (f", budget {budget.forward}/{budget.backward} cycles" if budget else ""),
         "",
         dataset,

@@ -390,7 +390,7 @@ def _training_part(config: dict) -> dict:
 def default_run_dir(cfg: TrainConfig, kind: Optional[str] = None) -> Path:
     """runs/DATASET-KIND-TIME; ``kind``: the run's solver unless given (compare: "compare")."""
     name = cfg.dataset.replace("npz:", "npz-").replace("/", "_")
-    return Path("runs") / f"{name}-{kind or cfg.solver}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("runs") / f"{name}-{kind or cfg.solver_run}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 # -- the loop -------------------------------------------------------------------------------
