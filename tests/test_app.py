@@ -541,3 +541,19 @@ def test_a_time_parallel_run_is_named_for_the_solver_it_runs():
     assert cfg.solver == "auto" and cfg.solver_run == "mgrit"
     assert "-mgrit-" in default_run_dir(cfg).name
     assert TrainConfig().solver_run == "auto" and "-auto-" in default_run_dir(TrainConfig()).name
+
+
+def test_the_residual_plot_keys_every_epoch():
+    """Every epoch's residual line is keyed (a colour bar of epochs; the legend says which
+    line style is which pass), not only the first and the last."""
+    from mgrit_gru.app import report
+
+    history = [
+        {"epoch": e, "fwd_residuals_last_batch": [1e-2, 1e-6], "bwd_residuals_last_batch": [1e-3]}
+        for e in range(1, 8)
+    ]
+    fig = report.residual_figure(history, 1e-5)
+    ax, bar = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["forward", "adjoint"] and not any("epoch" in t for t in labels)
+    assert bar.get_ylabel() == "epoch" and bar.get_ylim() == (1.0, 7.0)

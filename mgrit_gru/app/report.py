@@ -76,21 +76,35 @@ def residual_figure(history: list[dict], tol: float | None = None, backward_tol=
         "max C-point residual",
         log=True,
     )
+    import numpy as np
     from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import ListedColormap, Normalize
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    cmap = colormaps["viridis"]
-    for i, r in enumerate(rows):
-        shade = cmap(0.85 * i / max(1, len(rows) - 1))
-        for key, style, name in (
-            ("fwd_residuals_last_batch", "-", "fwd"),
-            ("bwd_residuals_last_batch", "--", "bwd"),
-        ):
+    # every epoch's line in its own shade, the shades keyed by a colour bar (a legend entry
+    # per epoch would not fit); the legend says which style is which pass
+    cmap = ListedColormap(colormaps["viridis"](np.linspace(0.0, 0.85, 256)))
+    epochs = [r["epoch"] for r in rows]
+    norm = Normalize(min(epochs), max(epochs) if max(epochs) > min(epochs) else min(epochs) + 1)
+    styles = (
+        ("fwd_residuals_last_batch", "-", "forward"),
+        ("bwd_residuals_last_batch", "--", "adjoint"),
+    )
+    for r in rows:
+        for key, style, _ in styles:
             values = [max(v, 1e-17) for v in r.get(key, [])]
             if values:
-                label = f"{name} epoch {r['epoch']}" if i in (0, len(rows) - 1) else None
-                ax.plot(range(len(values)), values, style, marker=".", color=shade, label=label)
+                shade = cmap(norm(r["epoch"]))
+                ax.plot(range(len(values)), values, style, marker=".", color=shade)
+    for _, style, name in styles:
+        ax.add_line(Line2D([], [], ls=style, color="0.3", label=name))
+    bar = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax)
+    bar.set_label("epoch")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
     if backward_tol is None or backward_tol == tol:
         if tol:
             ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=f"tol {tol:g} (fwd, bwd)")
