@@ -91,12 +91,19 @@ def _ranks_report_failures(cfg: TrainConfig, run: Path):
         signal.signal(signal.SIGTERM, old)
 
 
+NO_SPEED_CHECK = "no-speed-check"  # a run folder's marker of --no-speed-check
+
+
 def _finish_run(args: argparse.Namespace, cfg: TrainConfig, run: Path, history) -> None:
     """A finished run's closing speed check, report and last lines."""
     from .app import report, train
 
     speed = None
-    if cfg.time_parallel == 1 and not args.no_speed_check:
+    # --no-speed-check holds for the run: a resumption without the flag keeps it
+    marker = run / NO_SPEED_CHECK
+    if args.no_speed_check and not marker.exists():
+        marker.write_text("mgrit-gru train --no-speed-check: no closing speed check\n")
+    if cfg.time_parallel == 1 and not args.no_speed_check and not marker.exists():
         try:
             speed = train.measure_speed(cfg, run)
         except KeyboardInterrupt:  # the training is done and saved: report it all the same

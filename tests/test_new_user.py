@@ -630,3 +630,14 @@ def test_torchrun_without_time_parallel_is_refused(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "add --time-parallel 2" in err
     assert not run.exists()
+
+
+def test_resume_keeps_no_speed_check(tmp_path, capsys):
+    """A run started with --no-speed-check resumes without the check, flag or not."""
+    run = tmp_path / "run"
+    argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(run), "--no-progress"]
+    assert main([*argv, "--no-speed-check"]) == 0
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "speed:" not in out and not (run / "speed.json").exists()
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
