@@ -632,7 +632,7 @@ def test_torchrun_without_time_parallel_is_refused(tmp_path, monkeypatch, capsys
     assert not run.exists()
 
 
-def test_resume_keeps_no_speed_check(tmp_path, capsys):
+def test_resume_keeps_no_speed_check(f32, tmp_path, capsys):
     """A run started with --no-speed-check resumes without the check, flag or not."""
     run = tmp_path / "run"
     argv = ["train", *flags({**SMALL, "epochs": 1}), "--out", str(run), "--no-progress"]
