@@ -586,6 +586,8 @@ def test_speed_line_says_why_auto_solved_serially(f32):
 # In a fresh process: the report phase's Ctrl-C is a real SIGINT (imports included).
 _CTRL_C_IN_REPORT = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background
+# job of a shell starts with SIGINT ignored)
 from mgrit_gru.app import report
 real = report.write_run_report
 def interrupted(*args, **kwargs):

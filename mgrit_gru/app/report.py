@@ -99,21 +99,25 @@ def residual_figure(history: list[dict], tol: float | None = None, backward_tol=
             if values:
                 shade = cmap(norm(r["epoch"]))
                 ax.plot(range(len(values)), values, style, marker=".", color=shade)
-    for _, style, name in styles:
-        ax.add_line(Line2D([], [], ls=style, color="0.3", label=name))
+    passes = [Line2D([], [], ls=style, color="0.3", label=name) for _, style, name in styles]
     bar = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax)
     bar.set_label("epoch")
     bar.locator = MaxNLocator(integer=True)
     bar.update_ticks()
+    tols = []
     if backward_tol is None or backward_tol == tol:
         if tol:
-            ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=f"tol {tol:g} (fwd, bwd)")
+            label = f"tol {tol:g} (fwd, bwd)"
+            tols.append(ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=label))
     else:
         if tol:
-            ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=f"fwd tol {tol:g}")
+            label = f"fwd tol {tol:g}"
+            tols.append(ax.axhline(tol, color="tab:red", lw=1, alpha=0.7, label=label))
         label = f"bwd tol {backward_tol:g}"
-        ax.axhline(backward_tol, color="tab:red", ls="--", lw=1, alpha=0.7, label=label)
-    ax.legend(fontsize=8)
+        tols.append(
+            ax.axhline(backward_tol, color="tab:red", ls="--", lw=1, alpha=0.7, label=label)
+        )
+    ax.legend(handles=passes + tols, fontsize=8)  # the passes' styles are not lines drawn
     return fig
 
 

@@ -529,7 +529,12 @@ def forward_solve(
         fine_op = ForwardStep(
             fine, gx[lo : lo + fine.M], w_hh, rb, cell, dt, k, factors, meter, kernel
         )
-        work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
+        if len(grids) == 1:  # the serial grid's chunk layout is time order: solve in the
+            # points themselves (no copy out of a work buffer)
+            state["points"] = h0.new_empty((fine.M + 1, *h0.shape))
+            work = state["points"][: fine.M].view(fine.m, fine.n, *h0.shape)
+        else:
+            work = workspace.buffer(CHUNKS, (fine.m, fine.n, *h0.shape), h0)
         return _solve_on(
             comm,
             grids,
@@ -567,6 +572,9 @@ def forward_solve(
     if len(grids) == 1 and fused:
         points = state["points"]
         hier.partial = not cell.fused_complete
+    elif len(grids) == 1:  # solved in place (run): the last point completes them
+        points = state["points"]
+        points[T] = result.uend
     else:
         points = flat_points(result.u, result.uend)[off : off + T + 1]
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
