@@ -212,23 +212,14 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
   const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1);
   const Tensor w = w_hh.contiguous();  // (3H, H)
   const Panels<T> panels(w.data_ptr<T>(), 3 * H, H);
-  Tensor lam = at::empty({B, H}, points.options());
-  Tensor nxt = at::empty({B, H}, points.options());
-  Tensor prod = at::empty({B, H}, points.options());
+  SerialLam<T> state(d_out, d_last, B, H, H);
+  T *L = state.L, *N = state.N, *PR = state.PR;
   const T* P = points.data_ptr<T>();
   const T* K = kept.data_ptr<T>();
   const T* F = d_out.data_ptr<T>();
   const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
   T* GX = d_gx.data_ptr<T>();
   T* GH = d_gh.data_ptr<T>();
-  T* L = lam.data_ptr<T>();
-  T* N = nxt.data_ptr<T>();
-  T* PR = prod.data_ptr<T>();
-  {
-    const T* dl = d_last.data_ptr<T>();
-    const T* f = F + (Tn - 1) * B * H;
-    for (int64_t i = 0; i < B * H; ++i) L[i] = f[i] + dl[i];
-  }
   std::vector<T*> ptrs(B);
   for (int64_t k = Tn - 1; k >= 0; --k) {
     // rows [b0, b1): the coefficients, the gate gradients and D lam
@@ -272,10 +263,10 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
         combine,
         [&] {
           coeffs(0, B);
-          at::mm_out(prod, d_gh.select(0, k), w);
+          at::mm_out(state.prod, d_gh.select(0, k), w);
         });
   }
-  lam0.copy_(lam);
+  lam0.copy_(state.lam);
 }
 
 void gru_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,

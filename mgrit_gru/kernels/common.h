@@ -197,6 +197,26 @@ inline void step_rows(int64_t R, int64_t H, G&& gemm, M&& math, Big&& big) {
     math(0, R);
 }
 
+// What a serial adjoint in one call carries from step to step: lam (B, W), the direct part of
+// the next lam (B, W) and the recurrent GEMM's product (B, H); lam starts at
+// d_out[T - 1] + d_last (the gradient of the last state, from the output and from h_n).
+template <typename T>
+struct SerialLam {
+  Tensor lam, next, prod;
+  T *L, *N, *PR;
+  SerialLam(const Tensor& d_out, const Tensor& d_last, int64_t B, int64_t W, int64_t H)
+      : lam(at::empty({B, W}, d_out.options())),
+        next(at::empty({B, W}, d_out.options())),
+        prod(at::empty({B, H}, d_out.options())),
+        L(lam.data_ptr<T>()),
+        N(next.data_ptr<T>()),
+        PR(prod.data_ptr<T>()) {
+    const T* f = d_out.data_ptr<T>() + (d_out.size(0) - 1) * B * W;
+    const T* dl = d_last.data_ptr<T>();
+    for (int64_t i = 0; i < B * W; ++i) L[i] = f[i] + dl[i];
+  }
+};
+
 inline void check_same(const Tensor& t, const Tensor& like, const char* name) {
   if (!t.defined()) return;
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == like.scalar_type(),

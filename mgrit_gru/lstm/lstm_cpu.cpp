@@ -185,22 +185,13 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
   const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1), W = 2 * H;
   const Tensor w = w_hh.contiguous();  // (4H, H)
   const Panels<T> panels(w.data_ptr<T>(), 4 * H, H);
-  Tensor lam = at::empty({B, W}, points.options());
-  Tensor nxt = at::empty({B, W}, points.options());
-  Tensor prod = at::empty({B, H}, points.options());
+  SerialLam<T> state(d_out, d_last, B, W, H);
+  T *L = state.L, *N = state.N, *PR = state.PR;
   const T* P = points.data_ptr<T>();
   const T* K = kept.data_ptr<T>();
   const T* F = d_out.data_ptr<T>();
   const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
   T* G = d.data_ptr<T>();
-  T* L = lam.data_ptr<T>();
-  T* N = nxt.data_ptr<T>();
-  T* PR = prod.data_ptr<T>();
-  {
-    const T* dl = d_last.data_ptr<T>();
-    const T* f = F + (Tn - 1) * B * W;
-    for (int64_t i = 0; i < B * W; ++i) L[i] = f[i] + dl[i];
-  }
   std::vector<T*> ptrs(B);
   for (int64_t k = Tn - 1; k >= 0; --k) {
     // rows [b0, b1): the gate gradients d and the direct part of the new lam
@@ -257,10 +248,10 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
         combine,
         [&] {
           grads(0, B);
-          at::mm_out(prod, d.select(0, k), w);
+          at::mm_out(state.prod, d.select(0, k), w);
         });
   }
-  lam0.copy_(lam);
+  lam0.copy_(state.lam);
 }
 
 void lstm_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
