@@ -221,11 +221,17 @@ def bench_one_length(T, args, settings, log=print, cols=None, rates=None) -> lis
     if amp is not None:  # errors against the serial solve without autocast
         exact = Row("serial fp32", ours.from_torch(ref, solver="serial"))
         exact.y, exact.grads = exact.train_step(x, w_y, w_h)
+
+    def timed_step(row):  # a timed training step; its outputs and gradients are kept
+        row.last = row.train_step(x, w_y, w_h)
+
     for _ in range(args.repeats):
         for row in rows:
             row.fwd.append(_timed(lambda r=row: r.forward(x), device))
-            row.train.append(_timed(lambda r=row: r.train_step(x, w_y, w_h), device))
-    for row in rows:  # the statistics of the last timed call (auto's first call may try MGRIT)
+            row.train.append(_timed(lambda r=row: timed_step(r), device))
+    for row in rows:  # errors and statistics of the last timed call, as one solve: auto's
+        # warm-up may have tried MGRIT where its timed calls ran serially
+        row.y, row.grads = row.last
         if isinstance(row.module, (GRU, LSTM)):
             row.stats = row.module.last_stats
     base = {r.name: statistics.median(r.train) for r in rows}
@@ -243,6 +249,7 @@ def bench_one_length(T, args, settings, log=print, cols=None, rates=None) -> lis
             "speedup_vs_serial": base["serial"] / train,
             "max_abs_y_err": (row.y - exact.y).abs().max().item(),
             "rel_grad_err": max(_rel(a.to(b.dtype), b) for a, b in zip(row.grads, exact.grads)),
+            "by_mgrit": row.stats.mgrit_share[0] > 0 if row.stats else None,
             "fwd_iters": row.stats.forward_iterations if row.stats else None,
             "bwd_iters": row.stats.backward_iterations if row.stats else None,
             "fwd_residual": row.stats.forward_residual if row.stats else None,
@@ -302,8 +309,10 @@ COLUMNS = [
 
 
 def _iterations(r: dict) -> str:
-    if r["fwd_iters"] is None:
-        return "-"
+    """MGRIT's cycles forward/adjoint; "-" where no solve was MGRIT's (serial, torch, or
+    auto's serial choice: "-!" when an MGRIT try fell back)."""
+    if r["fwd_iters"] is None or r.get("by_mgrit") is False:
+        return "-" + ("!" if r.get("fell_back") else "")
     return f"{r['fwd_iters']}/{r['bwd_iters']}" + ("!" if r.get("fell_back") else "")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import subprocess
 import sys
 
@@ -259,3 +260,36 @@ def test_gru_against_torch_with_the_shared_helper():
     x, h0 = torch.randn(30, 2, 3), torch.randn(2, 2, 5)
     ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor=4), kernels="compiled")
     assert max(max_errors(ref, ours, x, h0)) < 1e-12
+
+
+def test_choices_are_read_alike_and_checked_at_construction(monkeypatch):
+    """kernels= reads its value as the environment variable does (case and blanks aside),
+    and a bad MGRIT_GRU_KERNELS is an error when a module is made, not at its first call."""
+    assert mgrit_gru.GRU(2, 3, kernels=" Compiled ").kernels == "compiled"
+    monkeypatch.setenv(kernels.ENV, " PyTorch ")
+    assert kernels.process_default() == "pytorch"
+    monkeypatch.setenv(kernels.ENV, "bogus")
+    with pytest.raises(ValueError, match=r"MGRIT_GRU_KERNELS='bogus': choose one of"):
+        mgrit_gru.GRU(2, 3)
+
+
+def test_a_failed_build_says_so_and_the_pytorch_steps_run(tmp_path):
+    """A compiler that fails: a warning that the build failed (and why), then the PyTorch
+    steps; "compiled" names the failure (in a fresh process with an empty build folder)."""
+    env = {**os.environ, "CXX": "/bin/false", "MGRIT_GRU_BUILD": str(tmp_path)}
+    code = (
+        "import torch, mgrit_gru\n"
+        "g = mgrit_gru.GRU(3, 4, solver='serial', kernels='auto')\n"
+        "g(torch.randn(5, 1, 3))\n"
+        "print(g.last_stats.forward[0].kernels)\n"
+        "g.kernels = 'compiled'\n"
+        "try:\n    g(torch.randn(5, 1, 3))\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    out = done.stdout.splitlines()
+    assert done.returncode == 0 and out[0] == "torch", done.stdout + done.stderr
+    assert "the CPU kernels could not be built (the build failed" in done.stderr
+    assert "kernels='compiled': the CPU kernels are unavailable: the build failed" in out[1]
+    assert ".;" not in out[1]

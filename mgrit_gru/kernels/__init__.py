@@ -52,16 +52,18 @@ _error: Optional[str] = None
 
 
 def check(value, where: str = "kernels") -> str:
-    """``value`` as one of :data:`CHOICES`, or a ValueError naming them."""
-    if value not in CHOICES:
+    """``value`` as one of :data:`CHOICES` (case and surrounding blanks aside), or a
+    ValueError naming them."""
+    choice = value.strip().lower() if isinstance(value, str) else value
+    if choice not in CHOICES:
         raise ValueError(f"{where}={value!r}: choose one of {CHOICES}")
-    return value
+    return choice
 
 
 def process_default() -> str:
     """``MGRIT_GRU_KERNELS`` (default ``auto``)."""
-    value = os.environ.get(ENV, "").strip().lower() or "auto"
-    return check(value, ENV)
+    value = os.environ.get(ENV, "")
+    return check(value, ENV) if value.strip() else "auto"
 
 
 def _key() -> str:
@@ -70,7 +72,10 @@ def _key() -> str:
         digest.update(path.name.encode() + path.read_bytes())
     from ..cost import cpu_name
 
-    digest.update(f"{torch.__version__}|{cpu_name()}|{platform.machine()}|{FLAGS}".encode())
+    # the sources' folder too: a build records its sources' paths, and another checkout of
+    # the same code would rebuild it in place (under a process that has it loaded)
+    where = f"{_ROOT}|{torch.__version__}|{cpu_name()}|{platform.machine()}|{FLAGS}"
+    digest.update(where.encode())
     return digest.hexdigest()[:16]
 
 
@@ -130,7 +135,13 @@ def load(build: bool = True):
             )
         except Exception as exc:  # a failed build: the PyTorch path runs; error() says why
             lines = str(exc).strip().splitlines()
-            _error = f"the build failed: {lines[-1] if lines else type(exc).__name__}"
+            last = lines[-1].rstrip(".") if lines else type(exc).__name__
+            _error = f"the build failed: {last}"
+            warnings.warn(
+                f"mgrit_gru: the CPU kernels could not be built ({_error}); the PyTorch steps "
+                "run instead (python -m mgrit_gru.kernels says more)",
+                stacklevel=3,
+            )
         return _module
 
 

@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .. import trace
 from ..kernels import check as check_kernels
+from ..kernels import process_default as process_kernels
 from ..options import MGRIT, Auto, Implicit, as_options
 from ..stats import RunStats, SolveStats
 from .autograd import solve_layer
@@ -124,7 +125,9 @@ class Recurrent(nn.Module):
     @kernels.setter
     def kernels(self, value: Optional[str]) -> None:
         if value is not None:
-            check_kernels(value, f"{self._NAME}: kernels")
+            value = check_kernels(value, f"{self._NAME}: kernels")
+        else:  # the process default: a bad MGRIT_GRU_KERNELS is an error here, not later
+            process_kernels()
         self._cell.kernels = value
 
     @property
