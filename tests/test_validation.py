@@ -317,3 +317,25 @@ def test_outputs_may_be_changed_in_place(kind, change):
         y.square().sum().backward()
         grads.append(leaf.grad)
     assert (grads[0] - grads[1]).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"bias": "False"}, "bias should be of type bool, got: str"),
+        ({"bias": 1}, "bias should be of type bool, got: int"),
+        ({"batch_first": "False"}, "batch_first should be of type bool, got: str"),
+        ({"batch_first": 0}, "batch_first should be of type bool, got: int"),
+        ({"hidden_size": 5.0}, "hidden_size should be of type int, got: float"),
+        ({"input_size": 3.0}, "input_size should be of type int, got: float"),
+    ],
+)
+def test_argument_types_as_torch_checks_them(kind, kwargs, message):
+    """A flag that is not a bool (batch_first="False" is truthy: it would silently run batch
+    first) or a size that is not an int: torch's TypeError, in torch's words."""
+    args = {"input_size": 3, "hidden_size": 5, **kwargs}
+    with pytest.raises(TypeError, match=message):
+        getattr(torch.nn, kind)(**args)
+    with pytest.raises(TypeError, match=f"^{kind}: {message}"):
+        getattr(mgrit_gru, kind)(**args)

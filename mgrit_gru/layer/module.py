@@ -69,12 +69,24 @@ class Recurrent(nn.Module):
     ) -> None:
         super().__init__()
         name = self._NAME
+        # torch's checks, with torch's exception types and words (code that catches them, and
+        # torch's own tests, see the same): a flag that is not a bool would silently mean
+        # another layout (batch_first="False" is truthy)
+        for field, value in (("bias", bias), ("batch_first", batch_first)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"{name}: {field} should be of type bool, got: {type(value).__name__}"
+                )
         for field, value in (
             ("input_size", input_size),
             ("hidden_size", hidden_size),
             ("num_layers", num_layers),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or (isinstance(value, bool) and field != "input_size"):
+                raise TypeError(
+                    f"{name}: {field} should be of type int, got: {type(value).__name__}"
+                )
+            if value < 1:
                 raise ValueError(f"{name}: {field} must be a positive integer, got {value!r}")
         if (
             not isinstance(dropout, (int, float))
