@@ -63,7 +63,10 @@ class GRU(Recurrent):
         cell: str = "classic",
         time_group=None,
         kernels: Optional[str] = None,
+        proj_size: int = 0,
     ) -> None:
+        if proj_size != 0:  # torch's words: GRU(proj_size=...) is refused there too
+            raise ValueError("GRU: proj_size argument is only supported for LSTM, not RNN or GRU")
         if cell not in CELLS:
             raise ValueError(f"GRU: unknown cell={cell!r}; choose one of {CELLS}")
         super().__init__(

@@ -339,3 +339,28 @@ def test_argument_types_as_torch_checks_them(kind, kwargs, message):
         getattr(torch.nn, kind)(**args)
     with pytest.raises(TypeError, match=f"^{kind}: {message}"):
         getattr(mgrit_gru, kind)(**args)
+
+
+@pytest.mark.parametrize("kind", ["GRU", "LSTM"])
+def test_errors_are_catchable_as_torchs(kind):
+    """Where torch's RNNs raise RuntimeError (input size, state shape, empty sequence) or
+    ValueError (dtype), the library's error is that class too (and keeps its own)."""
+    ours = getattr(mgrit_gru, kind)(3, 4)
+    ref = getattr(torch.nn, kind)(3, 4)
+    cases = [
+        (torch.randn(5, 2, 7), None, RuntimeError),
+        (torch.randn(0, 2, 3), None, RuntimeError),
+        (torch.randn(5, 2, 3, dtype=torch.float32), None, ValueError),
+    ]
+    state = torch.randn(1, 3, 4)  # batch 3 for a batch of 2
+    cases.append((torch.randn(5, 2, 3), state if kind == "GRU" else (state, state), RuntimeError))
+    for x, hx, torch_error in cases:
+        with pytest.raises(torch_error):
+            ref(x, hx)
+        with pytest.raises(torch_error):
+            ours(x, hx)
+    with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
+        torch.nn.GRU(3, 4, proj_size=2)
+    with pytest.raises(ValueError, match="^GRU: proj_size argument is only supported for LSTM"):
+        mgrit_gru.GRU(3, 4, proj_size=2)
+    assert mgrit_gru.GRU(3, 4, proj_size=0).hidden_size == 4

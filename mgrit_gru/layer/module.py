@@ -27,6 +27,17 @@ from .control import AutoChoice, DivergenceMemory
 from .solve import implicit_of
 
 
+class InputError(ValueError, RuntimeError):
+    """A call's input or state of the wrong size or shape, or on another device: a
+    ValueError, and the RuntimeError that torch's RNNs raise for the same (code that catches
+    torch's, and torch's own tests, catch it)."""
+
+
+class InputTypeError(TypeError, ValueError):
+    """An input or state whose dtype is not the parameters': a TypeError, and the ValueError
+    that torch's RNNs raise for the same."""
+
+
 def _eager_under_compile(forward):
     """``forward`` run eagerly inside ``torch.compile`` (torch.compiler.disable): the solve's
     data-dependent control flow (cycles to a tolerance, the automatic choice, statistics)
@@ -284,7 +295,7 @@ class Recurrent(nn.Module):
                 f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
             )
         if x.shape[-1] != self.input_size:
-            raise ValueError(
+            raise InputError(
                 f"{name}: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
             )
         param = self.weight_ih_l0
@@ -297,7 +308,7 @@ class Recurrent(nn.Module):
         batched = x.dim() == 3
         seq_dim = 1 if (batched and self.batch_first) else 0
         if x.shape[seq_dim] == 0:
-            raise ValueError(f"{name}: empty sequence (length 0)")
+            raise InputError(f"{name}: empty sequence (length 0)")
         if not _all_finite(x):
             raise ValueError(f"{name}: input contains NaN or Inf")
         batch = x.shape[1 - seq_dim] if batched else None
@@ -311,12 +322,12 @@ class Recurrent(nn.Module):
         """``t`` in the parameters' dtype and on their device, else one line naming both."""
         name, param = self._NAME, self.weight_ih_l0
         if t.dtype != param.dtype:
-            raise TypeError(
+            raise InputTypeError(
                 f"{name}: {label} dtype {t.dtype} does not match the parameters' dtype "
                 f"{param.dtype}{advice}"
             )
         if t.device != param.device:
-            raise ValueError(
+            raise InputError(
                 f"{name}: {label} is on {t.device} but the parameters are on {param.device}"
             )
 
@@ -333,7 +344,7 @@ class Recurrent(nn.Module):
             + (self.hidden_size,)
         )
         if tuple(t.shape) != expected:
-            raise ValueError(f"{name}: expected {label} of shape {expected}, got {tuple(t.shape)}")
+            raise InputError(f"{name}: expected {label} of shape {expected}, got {tuple(t.shape)}")
         self._check_like_params(label, t)
         if not _all_finite(t):
             raise ValueError(f"{name}: {label} contains NaN or Inf")
