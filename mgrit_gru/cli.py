@@ -101,9 +101,10 @@ def _finish_run(args: argparse.Namespace, cfg: TrainConfig, run: Path, history) 
     speed = None
     # --no-speed-check holds for the run: a resumption without the flag keeps it
     marker = run / NO_SPEED_CHECK
+    skip = args.no_speed_check or marker.exists()
     if args.no_speed_check and not marker.exists():
         marker.write_text("mgrit-gru train --no-speed-check: no closing speed check\n")
-    if cfg.time_parallel == 1 and not args.no_speed_check and not marker.exists():
+    if cfg.time_parallel == 1 and not skip:
         try:
             speed = train.measure_speed(cfg, run)
         except KeyboardInterrupt:  # the training is done and saved: report it all the same

@@ -288,8 +288,7 @@ class Meter:
         """``calls`` steps of ``kind`` over ``rows`` states, at MGRIT ``level`` (-1: a serial
         sweep), costed as ``cost_kind`` (default: ``kind``) of the meter's cell; also the
         step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
-        o, c = _costs(self._costs, cost_kind or kind, self._cell_costs)
-        self.spent += calls * (o + c * rows * self._scale)
+        self.charge(cost_kind or kind, rows, calls)
         self.row_steps += calls * rows
         trace.work(kind, rows, self.hidden, calls, level)
 

@@ -385,26 +385,13 @@ class _Solver:
         self.f_relax(level, u, g)
 
 
-def _residual(propagated: Tensor, u: Tensor, uend: Tensor, blocks: int = 1) -> tuple[list, list]:
-    """Per block of the state's last axis: the largest absolute C-point residual and the
-    largest absolute candidate C-point (the size of the solution there)."""
-    diff = (propagated - chunk_ends(u, uend)).abs()
-    if blocks == 1 or propagated.numel() == 0:
-        both = torch.stack([diff.max(), propagated.abs().max()]) if propagated.numel() else None
-        residual, size = (0.0, 0.0) if both is None else both.tolist()  # one device read
-        return [residual], [size]
-    split = (-1, blocks, propagated.shape[-1] // blocks)
-    per = torch.stack(
-        [diff.reshape(split).amax((0, 2)), propagated.abs().reshape(split).amax((0, 2))]
-    ).tolist()  # one device read
-    return per[0], per[1]
-
-
-def _block_max(t: Tensor, blocks: int) -> list[float]:
-    """The largest absolute value per block of ``t``'s last axis (0 for an empty ``t``)."""
-    if t.numel() == 0:
-        return [0.0] * blocks
-    return t.abs().reshape(-1, blocks, t.shape[-1] // blocks).amax((0, 2)).tolist()
+def _block_max(blocks: int, *tensors: Tensor) -> list[list[float]]:
+    """Per tensor, the largest absolute value per block of its last axis (0 for an empty
+    one), read from the device at once."""
+    if tensors[0].numel() == 0:
+        return [[0.0] * blocks for _ in tensors]
+    split = (-1, blocks, tensors[0].shape[-1] // blocks)
+    return torch.stack([t.abs().reshape(split).amax((0, 2)) for t in tensors]).tolist()
 
 
 Guard = Callable[[list[float]], Optional[str]]
@@ -519,13 +506,14 @@ def solve(
         return SolveResult(u, uend)
     result = SolveResult(u, uend, converged=False)
     blocks = stop.blocks
-    start = _block_max(u0, blocks)
+    (start,) = _block_max(blocks, u0)
     sizes: Optional[list[float]] = None  # the solution's size per block at the last residual
 
     def threshold(points: Tensor) -> float:
         nonlocal sizes
         if sizes is None:  # the first sweep's last F-points
-            sizes = [max(a, comm.max(b)) for a, b in zip(start, _block_max(points[-1], blocks))]
+            (local,) = _block_max(blocks, points[-1])
+            sizes = [max(a, comm.max(b)) for a, b in zip(start, local)]
         return stop.tol * min(stop.scale(size) for size in sizes)  # the smallest block's
 
     exit_tol = threshold if early_exit else None
@@ -537,16 +525,15 @@ def solve(
         else:
             exited = solver.smooth(0, u, uend, g, exit_tol, stored=result.iterations > 0)
         propagated = solver.propagate_last(0, u, g)
-        local_res, local_sizes = _residual(propagated, u, uend, blocks)
-        if exited is not None and blocks == 1:
-            local_res[0] = max(local_res[0], float(exited))
+        # per block: the largest C-point residual and the solution's size there
+        local_res, local_sizes = _block_max(blocks, propagated - chunk_ends(u, uend), propagated)
+        if exited is not None:  # an early exit's difference (of the whole state) counts in
+            # every block: against the smallest block's size, in effect
+            local_res = [max(r, float(exited)) for r in local_res]
         global_res = [comm.max(r) for r in local_res]
         sizes = [max(a, comm.max(b)) for a, b in zip(start, local_sizes)]
         # each block of the state judged by its own size (an LSTM's h beside its c)
         res = max(r / stop.scale(size) for r, size in zip(global_res, sizes))
-        if exited is not None and blocks > 1:  # an early exit's difference (of the whole
-            # state): against the smallest block's size
-            res = max(res, comm.max(float(exited)) / min(stop.scale(size) for size in sizes))
         result.residuals.append(res)
         if not math.isfinite(res):
             result.stopped = "diverged"

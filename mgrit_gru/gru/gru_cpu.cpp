@@ -126,20 +126,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
         }
       }
     };
-    step_rows(
-        R, H,
-        [&](int64_t r0, int64_t r1) {
-          prep(r0, r1);
-          panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * H);
-        },
-        fin,
-        [&] {
-          if (R * H >= 32768)
-            at::parallel_for(0, R, 16, prep);
-          else
-            prep(0, R);
-          at::mm_out(prod, weighted, w);
-        });
+    prepared_step<T>(R, H, prep, fin, ptrs.data(), panels, weighted, w, prod);
   }
 }
 
@@ -254,17 +241,7 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
     auto combine = [&](int64_t b0, int64_t b1) {
       for (int64_t i = b0 * H; i < b1 * H; ++i) L[i] = N[i] + PR[i] + (f ? f[i] : T(0));
     };
-    step_rows(
-        B, H,
-        [&](int64_t b0, int64_t b1) {
-          coeffs(b0, b1);
-          panel_gemm<T>(ptrs.data() + b0, b1 - b0, panels, PR + b0 * H);
-        },
-        combine,
-        [&] {
-          coeffs(0, B);
-          at::mm_out(state.prod, d_gh.select(0, k), w);
-        });
+    prepared_step<T>(B, H, coeffs, combine, ptrs.data(), panels, d_gh.select(0, k), w, state.prod);
   }
   lam0.copy_(state.lam);
 }

@@ -170,6 +170,15 @@ static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const T
   at::mm_out(out, mat, w);
 }
 
+// f(r0, r1) over the R rows of a step: shared among torch's threads where there is enough work.
+template <typename F>
+inline void over_rows(int64_t R, int64_t H, F&& f) {
+  if (R * H >= 32768)
+    at::parallel_for(0, R, 16, f);
+  else
+    f(0, R);
+}
+
 // One step over R rows. Few rows (R <= SMALL_ROWS): blocks of four rows, each through
 // `gemm(r0, r1)` (the own panel GEMM of those rows, after whatever they need first) and
 // `math(r0, r1)`, the blocks shared among torch's threads where there is enough work (a
@@ -191,10 +200,28 @@ inline void step_rows(int64_t R, int64_t H, G&& gemm, M&& math, Big&& big) {
     return;
   }
   big();
-  if (R * H >= 32768)
-    at::parallel_for(0, R, 16, math);
-  else
-    math(0, R);
+  over_rows(R, H, math);
+}
+
+// A step whose GEMM multiplies rows that `prep(r0, r1)` writes first (an adjoint's weighted
+// rows, a serial adjoint's gate gradients): `ptrs` point at them for the panel GEMM, `rows`
+// (R, K) holds them as one matrix for ATen's; the product (R, N) goes to `prod`, then
+// `fin(r0, r1)` finishes the rows.
+template <typename T, typename P, typename F>
+inline void prepared_step(int64_t R, int64_t H, P&& prep, F&& fin, T* const* ptrs, const Panels<T>& panels,
+                          const Tensor& rows, const Tensor& w, Tensor& prod) {
+  T* out = prod.data_ptr<T>();
+  step_rows(
+      R, H,
+      [&](int64_t r0, int64_t r1) {
+        prep(r0, r1);
+        panel_gemm<T>(ptrs + r0, r1 - r0, panels, out + r0 * panels.N);
+      },
+      fin,
+      [&] {
+        over_rows(R, H, prep);
+        at::mm_out(prod, rows, w);
+      });
 }
 
 // What a serial adjoint in one call carries from step to step: lam (B, W), the direct part of

@@ -86,6 +86,10 @@ class LayerFunction(torch.autograd.Function):
         need = ctx.needs_input_grad
         if adj.grads is not None:  # torch's kernel solved it (one process: nothing to sum)
             d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh = adj.grads
+        elif adj.gates is not None:  # a compiled serial adjoint (one process): its GEMMs
+            d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh = _gate_gemms(
+                *adj.gates, x, w_ih, points, w_hh.shape[1], need[0]
+            )
         else:
             d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh = _gradients(
                 adj, x, w_ih, w_hh, points, ctx.cell, comm, need[0]
@@ -129,6 +133,20 @@ def _gradients(adj, x, w_ih, w_hh, points, cell, comm, need_x: bool) -> tuple:
     for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
         comm.sum_(grad)
     return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
+
+
+def _gate_gemms(d_gx, d_gh, d_h0, x, w_ih, points, H: int, need_x: bool) -> tuple:
+    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` from every step's gate pre-activation
+    gradients ``d_gx`` (of ``W_ih x + b_ih``) and ``d_gh`` (of ``W_hh h + b_hh``) ``(T, B,
+    G)``, all at once: the GEMMs of :func:`_gradients` over all ``T B`` rows (``dx`` only
+    where it is needed)."""
+    T, B, I = x.shape
+    G = d_gx.shape[-1]
+    rows_gx, rows_gh = d_gx.reshape(T * B, G), d_gh.reshape(T * B, G)
+    d_x = torch.mm(rows_gx, w_ih).view(T, B, I) if need_x else None
+    d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
+    d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
+    return d_x, d_h0, d_w_ih, d_w_hh, rows_gx.sum(0), rows_gh.sum(0)
 
 
 def _differentiable_backward(ctx, d_y, d_hn):

@@ -59,7 +59,28 @@ __all__ = ["DivergenceError", "DivergenceWarning", "adjoint_solve", "forward_sol
 WIDE, CHUNKS = "gates", "level-0 chunks"
 
 
-class ForwardStep:
+class _Compiled:
+    """A propagator's compiled path (its ``_run(x0, out, g, j0, j1)`` calls the kernel):
+    ``sweep``, many steps of every chunk in one call, and one step into ``out``."""
+
+    def _use(self, kernel) -> None:
+        # the compiled module that runs this level's steps (mgrit_gru.kernels), or None: the
+        # cell's PyTorch step; with one, `sweep` runs many steps in one call
+        self.kernel = kernel
+        self.sweep = None if kernel is None else self._sweep
+
+    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] =
+        Phi(u[j]) + g[j]`` (``u`` in chunk layout ``(m, n, B, S)``)."""
+        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
+
+    def _step(self, u: Tensor, j: int, out: Optional[Tensor]) -> Tensor:
+        out = torch.empty_like(u) if out is None else out
+        self._run(u.unsqueeze(0), out.unsqueeze(0), None, j, j + 1)
+        return out
+
+
+class ForwardStep(_Compiled):
     """Propagator of a forward level: the cell's steps with input gates ``(M, B, gates * H)``
     and sizes ``dt``. ``factors`` ``(M, B, S)``: where each step leaves its diagonal factor, for
     :meth:`chunk_factors`; ``meter``: a :class:`mgrit_gru.cost.Meter` the steps report to."""
@@ -70,10 +91,7 @@ class ForwardStep:
         self, grid, gates, w_hh, rb, cell, dt=None, keep=None, factors=None, meter=None, kernel=None
     ):
         self.gx = chunk_view(gates, grid)  # computed with the cell's fold_bias
-        # the compiled module that runs this level's steps (mgrit_gru.kernels), or None: the
-        # cell's PyTorch step; with one, `sweep` runs many steps in one call
-        self.kernel = kernel
-        self.sweep = None if kernel is None else self._sweep
+        self._use(kernel)
         self.factors = None if factors is None else chunk_view(factors, grid)
         self.meter = meter
         # keep (M, B, kept * H): where every step leaves its gates for the backward (level 0);
@@ -91,10 +109,8 @@ class ForwardStep:
             self.pad = (0, 0, grid.off) if grid.off else (last, grid.N - last * grid.m, grid.m)
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
-        if self.kernel is not None and j is not None:  # one step, compiled
-            out = torch.empty_like(u) if out is None else out
-            self._run(u.unsqueeze(0), out.unsqueeze(0), None, j, j + 1)
-            return out
+        if self.kernel is not None and j is not None:
+            return self._step(u, j, out)
         gx = self.gx if j is None else self.gx[j]
         dt = None if self.dt is None else (self.dt if j is None else self.dt[j])
         keep = None
@@ -116,11 +132,6 @@ class ForwardStep:
                     factor[c] = 1.0
         return res
 
-    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
-        """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] =
-        Phi(u[j]) + g[j]`` (``u`` in chunk layout ``(m, n, B, S)``)."""
-        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
-
     def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
         S = j1 - j0
         keep = self.keep[j0:j1] if self.recording else None
@@ -139,7 +150,7 @@ class ForwardStep:
         return self.factors.prod(0)
 
 
-class AdjointStep:
+class AdjointStep(_Compiled):
     """Propagator of an adjoint level: ``lam -> J^T lam``, the cell's adjoint step with
     coefficients ``D`` and ``C`` (GRU: ``D * lam + (C * lam3) @ W_hh``)."""
 
@@ -150,12 +161,7 @@ class AdjointStep:
         self.cell = cell
         self.meter = meter
         self._factors: Optional[Tensor] = None
-        self.kernel = kernel  # as ForwardStep's
-        self.sweep = None if kernel is None else self._sweep
-
-    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
-        """As :meth:`ForwardStep._sweep`: adjoint steps ``j0 .. j1 - 1`` in one call."""
-        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
+        self._use(kernel)
 
     def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
         self.cell.kernel_adjoint(self.kernel, x0, out, self.D[j0:j1], self.C[j0:j1], self.w_hh, g)
@@ -164,10 +170,8 @@ class AdjointStep:
             self.meter.add("adjoint", rows, j1 - j0, level=self.level, cost_kind="sweep_adjoint")
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
-        if self.kernel is not None and j is not None:  # one step, compiled
-            out = torch.empty_like(u) if out is None else out
-            self._run(u.unsqueeze(0), out.unsqueeze(0), None, j, j + 1)
-            return out
+        if self.kernel is not None and j is not None:
+            return self._step(u, j, out)
         if self.meter is not None:
             self.meter.add("adjoint", u.numel() // u.shape[-1], level=self.level)
         if j is None:
@@ -674,6 +678,9 @@ class Adjoint:
     stats: SolveStats
     # torch's kernel solved it: (dx, du0, dW_ih, dW_hh, db_ih, db_hh) instead of lam
     grads: Optional[tuple] = None
+    # a compiled serial adjoint solved it: (d_gx, d_gh, du0), the gradients of every step's
+    # gate pre-activations (T, B, gates * H) (work buffers) instead of lam
+    gates: Optional[tuple] = None
 
     def blocks(self, T: int, B: int):
         """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and the cell's extra in
@@ -852,8 +859,7 @@ def adjoint_solve(
     stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
     if "gates" in state:
         hier.release_kept()
-        grads = gate_gemms(*state["gates"], x, w_ih, points, H, b_ih is not None, b_hh is not None)
-        return Adjoint(None, None, None, stats, grads)
+        return Adjoint(None, None, None, stats, gates=state["gates"])
     if "grads" in state:
         hier.release_kept()
         return Adjoint(None, None, None, stats, state["grads"])
@@ -862,21 +868,6 @@ def adjoint_solve(
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
     _, C_rev, extra = coefficients()
     return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)
-
-
-def gate_gemms(d_gx, d_gh, lam0, x, w_ih, points, H: int, b_ih: bool, b_hh: bool) -> tuple:
-    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer from the gradients of every
-    step's gate pre-activations, ``d_gx`` (of ``W_ih x + b_ih``) and ``d_gh`` (of ``W_hh h +
-    b_hh``) ``(T, B, G)``, and ``lam0 = du0``: four GEMMs over all ``T B`` rows, two sums."""
-    T, B, I = x.shape
-    G = d_gx.shape[-1]
-    rows_gx, rows_gh = d_gx.reshape(T * B, G), d_gh.reshape(T * B, G)
-    d_x = torch.mm(rows_gx, w_ih).view(T, B, I)
-    d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
-    d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
-    d_b_ih = rows_gx.sum(0) if b_ih else None
-    d_b_hh = rows_gh.sum(0) if b_hh else None
-    return d_x, lam0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
 
 
 def _fused_adjoint(cell: Cell, x, w_hh, b_ih, b_hh, mask, tg, d_out: Tensor) -> bool:

@@ -131,20 +131,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
         }
       }
     };
-    step_rows(
-        R, H,
-        [&](int64_t r0, int64_t r1) {
-          prep(r0, r1);
-          panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * H);
-        },
-        fin,
-        [&] {
-          if (R * H >= 32768)
-            at::parallel_for(0, R, 16, prep);
-          else
-            prep(0, R);
-          at::mm_out(prod, d, w);
-        });
+    prepared_step<T>(R, H, prep, fin, ptrs.data(), panels, d, w, prod);
   }
 }
 
@@ -239,17 +226,7 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
         for (int64_t j = H; j < W; ++j) lb[j] = nb[j] + (fb ? fb[j] : T(0));
       }
     };
-    step_rows(
-        B, H,
-        [&](int64_t b0, int64_t b1) {
-          grads(b0, b1);
-          panel_gemm<T>(ptrs.data() + b0, b1 - b0, panels, PR + b0 * H);
-        },
-        combine,
-        [&] {
-          grads(0, B);
-          at::mm_out(state.prod, d.select(0, k), w);
-        });
+    prepared_step<T>(B, H, grads, combine, ptrs.data(), panels, d.select(0, k), w, state.prod);
   }
   lam0.copy_(state.lam);
 }
