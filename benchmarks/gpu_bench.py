@@ -152,6 +152,24 @@ def refused(report: Report, rows: list, shape: dict, name: str, exc: Exception) 
 
 # -- 2. the table against cuDNN ------------------------------------------------------------
 
+PIECE = 32768  # the pieced baseline's piece length
+
+
+class Pieced(torch.nn.Module):
+    """torch.nn.GRU run over pieces of PIECE steps, each starting from the last one's h_n:
+    the same result as one call, in shapes cuDNN takes."""
+
+    def __init__(self, gru: torch.nn.GRU) -> None:
+        super().__init__()
+        self.gru = gru
+
+    def forward(self, x):
+        h, ys = None, []
+        for piece in x.split(PIECE):
+            y, h = self.gru(piece, h)
+            ys.append(y)
+        return torch.cat(ys), h
+
 
 def table(report: Report, device, budget: Budget, grid, serial_max_T: int) -> None:
     """Forward and training step of torch.nn.GRU (cuDNN on CUDA), the serial solver and
@@ -170,7 +188,13 @@ def table(report: Report, device, budget: Budget, grid, serial_max_T: int) -> No
                 report.put("table", rows)
                 return
             ref, x, w = problem(T, B, 32, H, device)
-            solvers = {"cuDNN": ref, "mgrit": mgrit_gru.GRU.from_torch(ref, solver=MGRIT())}
+            # where cuDNN refuses T (>= 65536 on the H200), what a user would do instead:
+            # torch.nn.GRU over 32768-step pieces, carrying the hidden state
+            base_name = "cuDNN" if T <= PIECE else "cuDNN pieces"
+            solvers = {base_name: ref if T <= PIECE else Pieced(ref)}
+            solvers["mgrit"] = mgrit_gru.GRU.from_torch(ref, solver=MGRIT())
+            budget21 = MGRIT(budget=mgrit_gru.Budget())
+            solvers["budget 2/1"] = mgrit_gru.GRU.from_torch(ref, solver=budget21)
             solvers["auto"] = mgrit_gru.GRU.from_torch(ref, solver="auto")
             if T <= serial_max_T:
                 solvers["serial"] = mgrit_gru.GRU.from_torch(ref, solver="serial")
@@ -185,7 +209,7 @@ def table(report: Report, device, budget: Budget, grid, serial_max_T: int) -> No
                 stats = getattr(module, "last_stats", None)
                 its = "-" if stats is None else f"{stats.forward_iterations}/"
                 its += "" if stats is None else f"{stats.backward_iterations}"
-                if name == "cuDNN":
+                if name.startswith("cuDNN"):
                     base = {"fwd": fwd, "train": step}
                 base = base or {"fwd": float("nan"), "train": float("nan")}
                 row = {
@@ -447,24 +471,47 @@ def kernels(report: Report, device, H: int, T: int) -> None:
     report.put("kernels", res)
 
 
+def _graphed(fn):
+    """``fn`` captured once in a CUDA graph (after a warm-up that compiles its kernels): the
+    replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def sweeps(report: Report, device, rows_list, H: int) -> None:
     """The library's step and adjoint step as the solves run them (an F-relaxation through
-    the cycle: indexing, the meter, the loop), per row count: the device model's steps."""
+    the cycle: indexing, the meter, the loop), per row count: the device model's steps. The
+    PyTorch steps ("step", "adjoint"), the compiled sweeps of the device ("sweep",
+    "sweep_adjoint": Triton on CUDA, C++ on the CPU; one call per sweep) and, on CUDA, the
+    compiled sweep replayed from a CUDA graph ("... graph")."""
     from mgrit_gru import calibrate as cal
 
     report.line(f"== sweeps on {device.type} (H={H}): us per step as the solves run them")
     fits = {}
-    for kind in ("step", "adjoint"):
-        pts = []
+    for kind in ("step", "adjoint", "sweep", "sweep_adjoint"):
+        names = [kind] + (
+            [f"{kind} graph"] if kind.startswith("sweep") and device.type == "cuda" else []
+        )
+        pts: dict = {name: [] for name in names}
         for rows in rows_list:
             fn, per = cal._sweep(kind, rows, H, 32, device.type)
-            pts.append((rows, 1e6 * timed(fn, device) / per))
-        fits[kind] = machines.fit(pts)
-        report.line(
-            f"  {kind:<8} "
-            + "  ".join(f"{r}:{t:.1f}us" for r, t in pts)
-            + f"  -> o={fits[kind][0]:.1f} us, c={fits[kind][1]:.2e} us/row"
-        )
+            pts[kind].append((rows, 1e6 * timed(fn, device) / per))
+            if len(names) > 1:
+                pts[names[1]].append((rows, 1e6 * timed(_graphed(fn), device) / per))
+        for name, p in pts.items():
+            fits[name] = machines.fit(p)
+            report.line(
+                f"  {name:<19} "
+                + "  ".join(f"{r}:{t:.2f}us" for r, t in p)
+                + f"  -> o={fits[name][0]:.2f} us, c={fits[name][1]:.2e} us/row"
+            )
     report.put(f"sweeps_H{H}", {k: list(v) for k, v in fits.items()})
 
 
@@ -564,8 +611,9 @@ def main() -> int:
             (lambda: projection_rows(report, device, budget, [64, 128], 128), 5),
         ]
     else:
-        grid = [(T, B, H) for T in (4096, 16384, 65536, 262144) for B in (1, 16) for H in (64, 256)]
-        grid.insert(6, (65536, 16, 128))  # the issue's headline shape
+        grid = [
+            (T, B, H) for T in (4096, 16384, 65536, 262144) for B in (1, 16) for H in (64, 128, 256)
+        ]
         grid.sort(key=lambda s: s[0] * s[1] * s[2] ** 2)
         parts = [
             (lambda: correctness(report, device, [(4096, 4, 64), (16384, 16, 128)]), 40),
@@ -575,7 +623,8 @@ def main() -> int:
             (lambda: graphs(report, device, 128, 4096, 128), 20),
             (lambda: machine(report, device, 64), 10),
             (lambda: kernels(report, device, 64, 1024), 15),
-            (lambda: sweeps(report, device, [4, 64, 1024, 16384], 64), 15),
+            (lambda: sweeps(report, device, [4, 64, 1024, 4096, 16384], 64), 20),
+            (lambda: sweeps(report, device, [16, 1024, 4096, 16384], 128), 20),
             (lambda: projection_rows(report, device, budget, PROJECTION_T, 16384), 60),
             (lambda: trained(report, device, Path(args.cache), 3), 60),
             (lambda: table(report, device, budget, grid, 16384), 60),

@@ -38,7 +38,8 @@ The table in use (:func:`table`, :func:`active`):
 2-core AMD EPYC (one thread, fp32, 2026-12-03; each kind timed as the solves run it, loop and
 bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it);
 the "sweep" kinds by ``mgrit-gru calibrate`` on an AMD EPYC of the same kind (2026-12-04).
-On CUDA (no compiled kernel yet) they are the PyTorch steps' own.
+On CUDA the "sweep" kinds (the Triton sweeps) are a projection from the kernels' structure,
+not a measurement, until a GPU check replaces them (see the table).
 Its CUDA row was measured on an H200 (2026-12-04, ``benchmarks/gpu_check.sh``'s sweep part:
 the library's steps as the solves run them, B x chunks = 4-16384 rows at H = 64; "fused" is
 cuDNN's forward per step): a step there is its kernel launches (11 for a forward step, 4 for
@@ -71,8 +72,11 @@ BUILTIN = {
         "step": (112.1, 0.0026),
         "fused": (0.54, 0.01),
         "adjoint": (63.5, 0.0012),
-        "sweep": (112.1, 0.0026),
-        "sweep_adjoint": (63.5, 0.0012),
+        # the Triton sweeps: PROJECTED, not measured (no GPU has run them yet): a step inside
+        # one launch is its dependent dot chain and loads, ~1.5 us, the launch spread over the
+        # sweep's steps; per row as the PyTorch steps. benchmarks/gpu_check.sh measures them.
+        "sweep": (1.5, 0.0026),
+        "sweep_adjoint": (1.5, 0.0012),
     },
 }
 CALIBRATION = BUILTIN  # its former name

@@ -30,10 +30,10 @@ class GRU(Recurrent):
             Each rank passes its slice of x (:func:`mgrit_gru.distributed.scatter_time`) and
             the same h0, and gets its slice of y and the global h_n; gradients of the
             parameters and h0 are summed over the group.
-        kernels: which kernels run the sweeps: ``"auto"`` (the compiled CPU kernels where
-            they are built, else PyTorch's steps), ``"compiled"``, ``"pytorch"`` (the
-            reference), or None (default): the process's ``MGRIT_GRU_KERNELS``, else
-            ``"auto"`` (:mod:`mgrit_gru.kernels`).
+        kernels: which kernels run the sweeps: ``"auto"`` (the compiled kernels where
+            they serve the tensors: C++ on the CPU, Triton on CUDA; else PyTorch's steps),
+            ``"compiled"``, ``"triton"``, ``"pytorch"`` (the reference), or None (default):
+            the process's ``MGRIT_GRU_KERNELS``, else ``"auto"`` (:mod:`mgrit_gru.kernels`).
 
     Call: ``y, h_n = gru(x, h0=None)`` with x ``(T, B, input_size)`` (``(B, T, ·)`` if
     batch_first, or unbatched ``(T, input_size)``) and h0 ``(D * num_layers, B, hidden_size)``;

@@ -37,7 +37,8 @@ class SolveStats:
         row_steps: the steps this call ran times their rows (batch x chunks): each is one row
             of a recurrent GEMM (``W_hh``), the work a flop count of the solve starts from.
         kernels: which kernels ran the steps (:mod:`mgrit_gru.kernels`): ``"compiled"`` (the
-            library's compiled sweeps), ``"pytorch"`` (the cell's PyTorch steps) or
+            library's compiled C++ sweeps), ``"triton"`` (its Triton sweeps), ``"pytorch"``
+            (the cell's PyTorch steps) or
             ``"torch"`` (torch's own RNN kernel, the serial solve of a small batch).
     """
 

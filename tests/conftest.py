@@ -7,6 +7,12 @@ import os
 import pytest
 import torch
 
+# Without a GPU the Triton kernels run on the CPU through Triton's interpreter in the tests
+# (tests/test_triton.py): it must be on before triton is imported (torch does not import it).
+# With one, tests/test_cuda.py runs them compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import mgrit_gru
 
 # The cost model's built-in table, whatever this machine has calibrated (mgrit-gru calibrate):

@@ -83,3 +83,67 @@ def test_cuda_serial_beyond_cudnn_limit():
         y_mgrit, h_mgrit = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT())(x)
     assert torch.isfinite(y_serial).all()
     assert (y_serial - y_mgrit).abs().max() < 1e-4
+
+
+# -- the Triton sweeps (auto on CUDA: float32, bf16, fp16; "triton" by name also float64) --
+
+
+def _triton_pair(model, H, dtype):
+    torch.manual_seed(5)
+    ref_cls, cls = (
+        (torch.nn.LSTM, mgrit_gru.LSTM) if model == "lstm" else (torch.nn.GRU, mgrit_gru.GRU)
+    )
+    return ref_cls(3, H, dtype=dtype).cuda(), cls
+
+
+@pytest.mark.parametrize("H", [16, 64, 160])  # W_hh held in registers (<= 64); in blocks
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+def test_cuda_triton_float64_equals_torch(model, H):
+    """kernels="triton" in float64: y and every gradient against torch.nn (cuDNN, float64)
+    through MGRIT run to round-off, odd T, with lengths on the library's serial loop."""
+    ref, cls = _triton_pair(model, H, torch.float64)
+    x = torch.randn(1001, 3, 3, device="cuda", dtype=torch.float64)
+    for solver in (tight(cfactor=8), "serial"):
+        ours = cls.from_torch(ref, solver=solver, kernels="triton")
+        grads = []
+        for m in (ref, ours):
+            xg = x.clone().requires_grad_()
+            y = m(xg)[0]
+            grads.append(
+                (y.detach(), *torch.autograd.grad(y.square().sum(), [xg, *m.parameters()]))
+            )
+        for a, b in zip(*grads):
+            assert (a - b).abs().max() < 1e-9
+        ran = {s.kernels for s in ours.last_stats.forward + ours.last_stats.backward}
+        assert ran <= {"triton", "torch"} and (solver == "serial" or ran == {"triton"})
+
+
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+def test_cuda_triton_float32_equals_the_pytorch_path(model, no_cudnn_tf32):
+    """auto in float32 (TF32 off): the Triton sweeps and the PyTorch steps agree to float32's
+    rounding, with lengths, on MGRIT and on the serial loop cuDNN does not run (lengths)."""
+    ref, cls = _triton_pair(model, 64, torch.float32)
+    x = torch.randn(4000, 4, 3, device="cuda")
+    lengths = torch.tensor([4000, 1234, 3999, 17])
+    for solver in (mgrit_gru.MGRIT(), "serial"):
+        ys = []
+        for choice in ("auto", "pytorch"):
+            ours = cls.from_torch(ref, solver=solver, kernels=choice)
+            xg = x.clone().requires_grad_()
+            y, _ = ours(xg, lengths=lengths)
+            (g,) = torch.autograd.grad(y.square().sum(), xg)
+            ys.append((y, g))
+            ran = {s.kernels for s in ours.last_stats.forward}
+            assert ran == ({"triton"} if choice == "auto" else {"pytorch"})
+        assert (ys[0][0] - ys[1][0]).abs().max() < 1e-4
+        assert (ys[0][1] - ys[1][1]).abs().max() / ys[1][1].abs().max() < 1e-4
+
+
+def test_cuda_triton_bf16_module_runs_near_float32():
+    ref, cls = _triton_pair("gru", 64, torch.float32)
+    x = torch.randn(2048, 4, 3, device="cuda")
+    want = cls.from_torch(ref, solver=mgrit_gru.MGRIT(), kernels="pytorch")(x)[0]
+    ours = cls.from_torch(ref, solver=mgrit_gru.MGRIT()).to(torch.bfloat16)
+    got = ours(x.to(torch.bfloat16))[0]
+    assert {s.kernels for s in ours.last_stats.forward} == {"triton"}
+    assert (got.float() - want).abs().max() < 0.1

@@ -130,12 +130,15 @@ def test_float32_within_torchs_own_error():
 
 
 def test_one_step_and_sweep_agree_with_the_cell_steps():
+    check_forward_contract(kernels.load())
+
+
+def check_forward_contract(K, H: int = 5) -> None:
     """The kernels' own contract, below the solve: strided (chunk layout) inputs, forcing,
     kept gates, frozen-gate factors, dt (0: identity) and a padded chunk, step by step against
-    the cells' PyTorch steps."""
+    the cells' PyTorch steps (tests/test_triton.py checks its kernels by it too)."""
     torch.manual_seed(6)
-    K = kernels.load()
-    S, n, B, H = 6, 3, 2, 5
+    S, n, B = 6, 3, 2
     dt = (torch.rand(S, n, B, 1) > 0.3).double()
     g = torch.randn(S, n, B, 2 * H) * 0.1
     x0 = torch.randn(n, B, 2 * H)

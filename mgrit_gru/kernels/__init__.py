@@ -2,16 +2,20 @@
 
 A sweep (steps ``j0 .. j1`` of every chunk, or of the one serial chunk) runs either as the
 per-step PyTorch code of the cell (the reference, ``"pytorch"``) or as one call into a
-compiled kernel (``"compiled"``: C++ for CPU tensors, in each cell's folder:
-``gru/gru_cpu.cpp``, ``lstm/lstm_cpu.cpp``).
-``kernels="auto"`` (the default) takes the compiled kernel where one is built for the tensors'
-device and dtype (float32, float64 on the CPU) and the PyTorch code elsewhere.
+compiled kernel (``"compiled"``): C++ for CPU tensors, Triton for CUDA tensors, in each
+cell's folder (``gru/gru_cpu.cpp``, ``gru/gru_triton.py``, and the LSTM's likewise).
+``kernels="auto"`` (the default) takes the compiled kernel where one serves the tensors'
+device and dtype (float32, float64 on the CPU; float32, bfloat16, float16 on CUDA, where
+float64 runs the PyTorch code) and the PyTorch code elsewhere. ``"triton"`` asks for the
+Triton kernels by name: on CUDA tensors of any of those dtypes and float64, and on CPU tensors
+under Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported: how the tests
+run them on a machine without a GPU).
 
 The choice, per module ``mgrit_gru.GRU(..., kernels=...)`` / ``mgrit_gru.LSTM(...)``, or for
 the whole process by the environment variable ``MGRIT_GRU_KERNELS`` (``auto``, ``compiled``,
-``pytorch``; a module's own choice wins over it). ``"compiled"`` where no kernel can be built
-is an error that says why; ``"auto"`` then runs the PyTorch code, and the solve statistics say
-which kernels ran (``SolveStats.kernels``).
+``triton``, ``pytorch``; a module's own choice wins over it). ``"compiled"`` or ``"triton"``
+where no such kernel can run is an error that says why; ``"auto"`` then runs the PyTorch code,
+and the solve statistics say which kernels ran (``SolveStats.kernels``).
 
 The build: :func:`build` compiles the C++ sources with ``torch.utils.cpp_extension`` (g++
 and ninja; ``-O3 -march=native``) into ``$MGRIT_GRU_BUILD`` or ``~/.cache/mgrit-gru/kernels``,
@@ -35,7 +39,7 @@ from typing import Optional
 import torch
 
 ENV, BUILD_ENV = "MGRIT_GRU_KERNELS", "MGRIT_GRU_BUILD"
-CHOICES = ("auto", "compiled", "pytorch")
+CHOICES = ("auto", "compiled", "triton", "pytorch")
 _ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
     _ROOT / "kernels" / "bindings.cpp",
@@ -152,10 +156,12 @@ def error() -> Optional[str]:
 
 def compiled_for(choice: str, t: torch.Tensor):
     """The compiled module to run sweeps on ``t``'s device and dtype under ``choice`` (a
-    resolved :data:`CHOICES` value), or None for the PyTorch code. ``"compiled"`` raises
-    where no kernel serves ``t``."""
+    resolved :data:`CHOICES` value), or None for the PyTorch code. ``"compiled"`` and
+    ``"triton"`` raise where no such kernel serves ``t``."""
     if choice == "pytorch":
         return None
+    if choice == "triton" or t.device.type == "cuda":
+        return _triton_for(choice, t)
     fits = t.device.type == "cpu" and t.dtype in DTYPES
     module = load() if fits else None
     if module is None and choice == "compiled":
@@ -166,3 +172,21 @@ def compiled_for(choice: str, t: torch.Tensor):
         )
         raise RuntimeError(f"mgrit_gru: kernels='compiled': {why}; use kernels='auto' or 'pytorch'")
     return module
+
+
+# float64 on the GPU: the Triton kernels serve it when asked by name ("triton"); "auto" and
+# "compiled" leave it to the PyTorch code (fp64 products are slow on most GPUs anyway)
+_TRITON_AUTO = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _triton_for(choice: str, t: torch.Tensor):
+    from . import gpu
+
+    why = gpu.error(t.device)
+    if why is None and t.dtype not in (gpu.DTYPES if choice == "triton" else _TRITON_AUTO):
+        why = f"no Triton kernel for {t.dtype} under kernels={choice!r}"
+    if why is None:
+        return gpu.kernels()
+    if choice == "auto":
+        return None
+    raise RuntimeError(f"mgrit_gru: kernels={choice!r}: {why}; use kernels='auto' or 'pytorch'")

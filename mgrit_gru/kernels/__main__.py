@@ -1,17 +1,120 @@
 """``python -m mgrit_gru.kernels``: build the compiled CPU kernels now (the README's set-up
 runs it); prints where they are, or why they cannot be built (exit 0 either way: the PyTorch
-code runs without them)."""
+code runs without them).
+
+``python -m mgrit_gru.kernels --triton [--quick] [ARCH ...]``: compile every Triton kernel
+variant the GPU would run (GRU and LSTM; forward, adjoint and serial adjoint sweeps; held and
+blocked W_hh; float32, bfloat16, float64) ahead of time for NVIDIA compute capabilities ARCH
+(default 90: the H200), no GPU needed (Triton's own ptxas); exit 1 if any fails to compile.
+A blocked variant at H = 160 takes 10-15 s to compile; ``--quick`` (the test suite's) compiles
+the blocked path at small blocks instead (H = 20 in blocks of 16: the same code, in seconds)
+and leaves out float64 (which only kernels="triton" runs on a GPU)."""
 
 import sys
 import warnings
 
-from . import build_dir, error, load
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    module = load()
-if module is None:
-    print(f"mgrit-gru: compiled CPU kernels unavailable ({error()}); the PyTorch code runs")
-else:
-    print(f"mgrit-gru: compiled CPU kernels ready in {build_dir()}")
-sys.exit(0)
+def cpu() -> int:
+    from . import build_dir, error, load
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = load()
+    if module is None:
+        print(f"mgrit-gru: compiled CPU kernels unavailable ({error()}); the PyTorch code runs")
+    else:
+        print(f"mgrit-gru: compiled CPU kernels ready in {build_dir()}")
+    return 0
+
+
+def triton_aot(archs: list[int], quick: bool = False) -> int:
+    import torch
+
+    from . import gpu
+
+    if gpu.triton is None:
+        print(f"mgrit-gru: {gpu.error(torch.device('cuda'))}")
+        return 1
+    if gpu.interpreting():
+        print("mgrit-gru: unset TRITON_INTERPRET to compile the Triton kernels")
+        return 1
+    failed, hold = 0, (gpu.HOLD, gpu.BK)
+    for arch in archs:
+        dtypes = (torch.float32, torch.bfloat16) + (() if quick else (torch.float64,))
+        for dtype in dtypes:
+            for H in (48, 20 if quick else 160):  # W_hh held in registers; in column blocks
+                if quick and H == 20:
+                    gpu.HOLD, gpu.BK = 16, 16
+                try:
+                    with gpu.compile_only(arch) as done:
+                        _every_sweep(dtype, H)
+                    names = sorted({name for name, _, _ in done})
+                    print(
+                        f"sm_{arch} {str(dtype)[6:]:8s} H={H:3d} ok: {len(done)} kernels "
+                        f"({', '.join(names)})"
+                    )
+                except Exception as exc:  # report every failing variant, then fail
+                    failed += 1
+                    last = str(exc).strip().splitlines()[-1:] or [type(exc).__name__]
+                    print(f"sm_{arch} {str(dtype)[6:]:8s} H={H:3d} FAILED: {last[0]}")
+                finally:
+                    gpu.HOLD, gpu.BK = hold
+    return 1 if failed else 0
+
+
+def _every_sweep(dtype, H: int) -> None:
+    """Each launch a solve makes, on small tensors (nothing runs under compile_only)."""
+    import torch
+
+    from . import gpu
+
+    k = gpu.kernels()
+    S, n, B, T = 3, 2, 2, 4
+    e = dict(dtype=dtype)
+    for cell, gates, width in (("gru", 3, 1), ("lstm", 4, 2)):
+        W = width * H
+        x0, out, g = (
+            torch.zeros(1, n, B, W, **e),
+            torch.zeros(S, n, B, W, **e),
+            torch.zeros(S, n, B, W, **e),
+        )
+        gx, w = torch.zeros(S, n, B, gates * H, **e), torch.zeros(gates * H, H, **e)
+        keep, fac = torch.zeros(S, n, B, 4 * H, **e), torch.zeros(S, n, B, W, **e)
+        dt = torch.ones(S, n, B, 1, **e)
+        D, C = (
+            torch.zeros(S, n, B, W, **e),
+            torch.zeros(S, n, B, (3 if cell == "gru" else 5) * H, **e),
+        )
+        points, kept = torch.zeros(T + 1, B, W, **e), torch.zeros(T, B, 4 * H, **e)
+        d_out, d_last, lam0 = (
+            torch.zeros(T, B, W, **e),
+            torch.zeros(B, W, **e),
+            torch.zeros(B, W, **e),
+        )
+        dts = torch.ones(T, B, **e)
+        d = torch.zeros(T, B, gates * H, **e)
+        if cell == "gru":
+            for implicit in (False, True):
+                k.gru_forward(
+                    x0, out, gx, w, torch.zeros(H, **e), g, keep, fac, dt, implicit, 0, 0, 1, 0
+                )
+                k.gru_serial_adjoint(
+                    points, kept, d_out, d_last, dts, implicit, w, d, d.clone(), lam0
+                )
+            k.gru_forward(x0, out, gx, w, None, None, None, None, None, False, -1, 0, 0, 0)
+            k.gru_adjoint(x0, out, D, C, w, g)
+            k.gru_adjoint(x0, out, D, C, w, None)
+        else:
+            k.lstm_forward(x0, out, gx, w, g, keep, fac, dt, 0, 0, 1, 0)
+            k.lstm_forward(x0, out, gx, w, None, None, None, None, -1, 0, 0, 0)
+            k.lstm_adjoint(x0, out, D, C, w, g)
+            k.lstm_serial_adjoint(points, kept, d_out, d_last, dts, w, d, lam0)
+            k.lstm_serial_adjoint(points, kept, d_out, d_last, None, w, d, lam0)
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    if argv[:1] == ["--triton"]:
+        quick = "--quick" in argv
+        sys.exit(triton_aot([int(a) for a in argv[1:] if a != "--quick"] or [90], quick))
+    sys.exit(cpu())

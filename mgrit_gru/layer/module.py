@@ -141,7 +141,8 @@ class Recurrent(nn.Module):
     @property
     def kernels(self) -> Optional[str]:
         """Which kernels run the sweeps (:mod:`mgrit_gru.kernels`): ``"auto"`` (compiled
-        where built for the tensors, else PyTorch), ``"compiled"``, ``"pytorch"``, or None
+        where a kernel serves the tensors, else PyTorch), ``"compiled"``, ``"triton"``,
+        ``"pytorch"``, or None
         (the default): the process's ``MGRIT_GRU_KERNELS``, else ``"auto"``."""
         return self._cell.kernels
 

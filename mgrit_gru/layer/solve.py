@@ -359,8 +359,19 @@ def compiled_kernel(cell: Cell, x: Tensor):
 
 
 def kernels_name(kernel, torch_kernel: bool) -> str:
-    """What :attr:`mgrit_gru.stats.SolveStats.kernels` reports."""
-    return "compiled" if kernel is not None else ("torch" if torch_kernel else "pytorch")
+    """What :attr:`mgrit_gru.stats.SolveStats.kernels` reports: "torch" (torch's own kernel
+    solved it serially), the compiled module's name ("compiled" for the C++ one, "triton"),
+    or "pytorch"."""
+    if torch_kernel:
+        return "torch"
+    return "pytorch" if kernel is None else getattr(kernel, "name", "compiled")
+
+
+def _torch_serial(kernel) -> bool:
+    """Whether a serial solve takes torch's own kernel where it fits the layer: without a
+    compiled one, and beside the Triton sweeps (cuDNN's loop walks a serial sequence faster
+    than a sweep kernel; they serve MGRIT and the shapes cuDNN refuses)."""
+    return kernel is None or getattr(kernel, "serial_by_torch", False)
 
 
 def coarse_forward_ops(
@@ -471,9 +482,11 @@ def forward_solve(
     rb = cell.recurrent_bias(b_hh, H)
     steps = T if tg is None else tg.steps
     kernel = compiled_kernel(cell, x)
-    fused = kernel is None and cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
+    fused = (
+        _torch_serial(kernel) and cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
+    )
     meter = cost.Meter(H, x.device.type, cell.costs)
-    serial_kind = "sweep" if kernel is not None else ("fused" if fused else "step")
+    serial_kind = "fused" if fused else ("sweep" if kernel is not None else "step")
     serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
     # a compiled step keeps its gates in its own loop, at a cost of a copy: always worth it
     worth_keeping = kernel is not None or _worth_keeping(grids, B, steps)
@@ -734,10 +747,13 @@ def adjoint_solve(
     M, off = mgrit_grids[0].M, mgrit_grids[0].off
     trace.phase("backward", reverse=not reverse)
     kernel = compiled_kernel(cell, x)
-    fused = kernel is None and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
+    fused = _torch_serial(kernel) and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
     # the serial adjoint in one compiled call with the gate gradients, from the kept gates
     # (one process: a time group's serial pipeline passes lam between the ranks' loops)
-    whole = kernel is not None and hier.kept is not None and tg is None and not hier.partial
+    whole = (
+        not fused and kernel is not None and hier.kept is not None and tg is None
+        and not hier.partial
+    )  # fmt: skip
     state: dict = {}
 
     def coefficients() -> tuple:
@@ -775,7 +791,7 @@ def adjoint_solve(
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type, cell.costs)
-    serial_kind = "sweep_adjoint" if kernel else ("fused_adjoint" if fused else "adjoint")
+    serial_kind = "fused_adjoint" if fused else ("sweep_adjoint" if kernel else "adjoint")
     serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
 
     def coarse_ops(grids: list[Grid]) -> list:
