@@ -605,6 +605,8 @@ def forward_solve(
 
 
 BLOCK_ROWS = 2048  # rows (steps x batch) per block of whole-sequence elementwise work
+# on a GPU: a block is a few kernel launches whatever its rows, and no cache to stay in
+DEVICE_BLOCK_ROWS = 1 << 20
 
 
 def reversed_time(src: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -615,10 +617,13 @@ def reversed_time(src: Tensor, out: Optional[Tensor] = None) -> Tensor:
     return torch.index_select(src, 0, steps, out=out)
 
 
-def time_blocks(T: int, B: int):
-    """Blocks ``[k0, k1)`` of time steps of about BLOCK_ROWS rows: the elementwise chains over
-    all steps then run on cache-resident temporaries instead of whole-sequence tensors."""
-    size = max(1, BLOCK_ROWS // max(B, 1))
+def time_blocks(T: int, B: int, like: Tensor):
+    """Blocks ``[k0, k1)`` of time steps of about BLOCK_ROWS rows on the CPU: the elementwise
+    chains over all steps then run on cache-resident temporaries instead of whole-sequence
+    tensors. On another device (``like``'s) DEVICE_BLOCK_ROWS: there a block costs its launches
+    (at T = 16384, B = 16 the CPU's blocks made 3/4 of a training step's operators)."""
+    rows = BLOCK_ROWS if like.device.type == "cpu" else DEVICE_BLOCK_ROWS
+    size = max(1, rows // max(B, 1))
     for k0 in range(0, T, size):
         yield k0, min(T, k0 + size)
 
@@ -642,7 +647,7 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
         D_rev[pad] = 1.0
         C_rev[pad] = 0.0
     end = off + T
-    for k0, k1 in time_blocks(T, B):
+    for k0, k1 in time_blocks(T, B, points):
         dt = None if mask is None else column(mask[k0:k1])
         C = workspace.buffer("bwd.block C", (k1 - k0, B, cell.coeffs * H), points)
         if kept is not None:
@@ -673,7 +678,7 @@ def reversed_forcing(
     g[end:] = 0.0
     g[end - 1] = 0.0 if f_first is None else f_first
     # dL/dy_i is f_{i+1}, at reversed index end - 2 - i (i < T - 1: f_T is handled below).
-    for k0, k1 in time_blocks(T - 1, B):
+    for k0, k1 in time_blocks(T - 1, B, d_out):
         reversed_time(d_out[k0:k1], out=g[end - 1 - k1 : end - 1 - k0])
     f_T = d_out[T - 1] + d_last
     if off > 0:
@@ -699,7 +704,7 @@ class Adjoint:
         """Per time block ``[k0, k1)``: ``lam_{k0+1 .. k1}``, ``C`` and the cell's extra in
         forward order.
         ``lam`` and ``C`` are work buffers that the next block overwrites."""
-        for k0, k1 in time_blocks(T, B):
+        for k0, k1 in time_blocks(T, B, self.lam_rev):
             lam = self.lam_rev[T - k1 : T - k0]
             C = self.C_rev[T - k1 : T - k0]
             yield (
