@@ -295,6 +295,20 @@ def early_exit(report: Report, device, T: int, B: int, H: int) -> None:
     report.put("early_exit", {"on_ms": 1e3 * res[True], "off_ms": 1e3 * res[False]})
 
 
+def _graphed(fn):
+    """``fn`` captured once in a CUDA graph (after a warm-up that compiles its kernels): the
+    replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def graphs(report: Report, device, steps: int, rows: int, H: int) -> None:
     """A level's F-sweep (``steps`` library steps over ``rows`` states) eager against one
     CUDA-graph replay. Only measured here; the library adopts graphs if this pays."""
@@ -311,15 +325,7 @@ def graphs(report: Report, device, steps: int, rows: int, H: int) -> None:
             cell.step(u[j], gx[j], w_hh, b, "classic", out=u[j + 1])
 
     eager = timed(sweep, device)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        sweep()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sweep()
-    replay = timed(graph.replay, device)
+    replay = timed(_graphed(sweep), device)
     report.line(
         f"== CUDA graphs: F-sweep of {steps} steps x {rows} rows, H={H}: eager "
         f"{1e3 * eager:.2f} ms, graph replay {1e3 * replay:.2f} ms ({eager / replay:.1f}x)"
@@ -469,20 +475,6 @@ def kernels(report: Report, device, H: int, T: int) -> None:
         res[name] = {"ops": c.n, "kernels": _kernels(fn, device)}
         report.line(f"== kernels: {name}: {c.n} operators, {res[name]['kernels']} CUDA kernels")
     report.put("kernels", res)
-
-
-def _graphed(fn):
-    """``fn`` captured once in a CUDA graph (after a warm-up that compiles its kernels): the
-    replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def sweeps(report: Report, device, rows_list, H: int) -> None:

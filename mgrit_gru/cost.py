@@ -294,7 +294,7 @@ class Meter:
         step's entry in a trace being recorded (:mod:`mgrit_gru.trace`)."""
         self.charge(cost_kind or kind, rows, calls)
         self.row_steps += calls * rows
-        trace.work(kind, rows, self.hidden, calls, level)
+        trace.work(cost_kind or kind, rows, self.hidden, calls, level)
 
     def charge(self, kind: str, rows: int, calls: int = 1) -> None:
         """Add the modelled cost of ``calls`` steps of ``kind`` over ``rows`` states that

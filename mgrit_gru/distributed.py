@@ -357,6 +357,26 @@ class TimeComm(LocalComm):
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group)
         return float(t.item())
 
+    @_exchange("the early exit's decision")
+    def max_start(self, value: Tensor):
+        """:meth:`max` of a scalar tensor begun without waiting (an asynchronous all-reduce):
+        returns the function that waits for it and gives the maximum."""
+        t = value.detach().reshape(1).to(self.device, torch.float64, copy=True)
+        trace.message(trace.MAX_LAGGED, None, self.reverse)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group, async_op=True)
+
+        def wait() -> float:
+            start = time.perf_counter()
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                raise self.tg.failed("the early exit's decision", exc) from exc
+            finally:
+                TimeComm.seconds += time.perf_counter() - start
+            return float(t.item())
+
+        return wait
+
     @_exchange("the gradient reduction")
     def sum_(self, tensor: Tensor) -> Tensor:
         trace.message(trace.SUM, tensor, self.reverse)

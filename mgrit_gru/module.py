@@ -14,7 +14,7 @@ from .options import MGRIT, Auto
 from .stats import SolveStats
 
 
-class GRU(Recurrent):
+class GRU(Recurrent, nn.GRU):
     """Multi-layer GRU with ``torch.nn.GRU``'s constructor, call, parameters and outputs.
 
     Args:
@@ -107,8 +107,8 @@ class GRU(Recurrent):
     def _extra_repr_tail(self) -> str:
         return f", cell={self.cell!r}"
 
-    def _initial_state(self, hx, batch: Optional[int]) -> Tensor:
-        return self._check_state("h0", hx, batch)
+    def _initial_state(self, hx, batch: Optional[int], device) -> Tensor:
+        return self._check_state("h0", hx, batch, device)
 
     def _final_state(self, u_n: Tensor, batched: bool) -> Tensor:
         return u_n if batched else u_n.squeeze(1)

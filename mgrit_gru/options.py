@@ -434,12 +434,15 @@ def auto_cfactor(
     init model behind the square root does not count; the trained-model benchmark favoured
     the shorter of the two neighbours (docs/measurements.md, "Trained networks").
 
-    With ``ranks`` time-parallel ranks each holds about ``steps / ranks`` of the sequence and
-    sweeps only its own chunks: the rule takes that share, and halves the result until there
-    are at least as many chunks as ranks. Every rank derives the same value from the global
-    shape."""
-    steps_here = -(-steps // max(ranks, 1))
-    m = _auto_cfactor(steps_here, batch, hidden, device, options)
+    With ``ranks`` time-parallel ranks the rule is one process's, on the whole sequence,
+    halved only until there are at least as many chunks as ranks; every rank derives the same
+    value from the global shape. So P ranks solve with one process's chunk length, and a
+    fixed budget gives one process's result at any rank count. (Until 2026-12-05 the rule
+    took each rank's share of the sequence, which shrank m as ranks grew; the coarse grid,
+    T / m steps solved whole on every rank, then grew with the ranks: with the compiled
+    sweeps it was 37-57% of the critical path at 8-16 ranks in the projection, and one
+    process's m projected 1.2-1.4x faster there: docs/time-parallel.md, "Scaling".)"""
+    m = _auto_cfactor(steps, batch, hidden, device, options)
     while m > 2 and -(-steps // m) < ranks:
         m //= 2
     return m

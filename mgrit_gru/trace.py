@@ -43,10 +43,11 @@ GATHER = "gather"  # every rank's per-chunk values to every rank (all-gather, pa
 LAST = "last"  # the last rank's state to every rank (broadcast)
 FIRST = "first"  # the first rank's state to every rank (broadcast)
 MAX = "max"  # a scalar maximum over the ranks (all-reduce)
+MAX_LAGGED = "max lagged"  # the same, begun without waiting and read at the next one
 SUM = "sum"  # a tensor summed over the ranks (all-reduce)
 CHECK = "check"  # the start-up agreement check of a call (all-gather of a few numbers)
 RECV_PREV, SEND_NEXT = "recv_prev", "send_next"  # a serial solve handing its end state on
-COLLECTIVES = (GATHER, LAST, FIRST, MAX, SUM, CHECK)
+COLLECTIVES = (GATHER, LAST, FIRST, MAX, MAX_LAGGED, SUM, CHECK)
 
 # work levels: >= 0 an MGRIT level (0: this rank's chunks; >= 1 coarse, the same on every
 # rank); SERIAL a serial sweep over this rank's whole slice
@@ -58,10 +59,11 @@ class Event:
     """One entry of a trace.
 
     ``what``: "work", "bulk", "message" or "phase".
-    ``kind``: work: "step", "adjoint", "fused" (the cost model's kinds) or "map" (a coarse
-    chunk map: elementwise); bulk: which pass ("gates", "coefficients", "forcing",
-    "gradients"); message: one of the message kinds above; phase: "forward" or "backward" (a
-    solve begins) or "mark" (the start of a pass over the slice).
+    ``kind``: work: "step", "adjoint", "fused", "sweep", "sweep_adjoint" (the cost model's
+    kinds: "sweep" a compiled kernel's steps) or "map" (a coarse chunk map: elementwise);
+    bulk: which pass ("gates", "coefficients", "forcing", "gradients"); message: one of the
+    message kinds above; phase: "forward" or "backward" (a solve begins) or "mark" (the
+    start of a pass over the slice).
     ``rows``: work and bulk: rows (states) per call; message: items (leading dimension).
     ``calls``: consecutive calls of the same shape (a sweep's steps are one event).
     ``hidden``: the state's width.
@@ -162,6 +164,12 @@ _active: Optional[_Recorder] = None
 def active() -> bool:
     """Whether a :func:`record` block is open."""
     return _active is not None
+
+
+def counting() -> bool:
+    """Whether an open :func:`record` block counts operators (the compiled sweeps are then
+    off: their steps dispatch none, and a model priced by operators would see nothing)."""
+    return _active is not None and _active.count_ops
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ def _free_port() -> int:
 def _grads(module, x, h0, wy, wh, loss_h, lengths=None):
     x = x.detach().clone().requires_grad_()
     h0 = h0.detach().clone().requires_grad_()
-    if isinstance(module, torch.nn.GRU) and lengths is not None:
+    if type(module) is torch.nn.GRU and lengths is not None:  # torch takes them packed
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
         y, hn = module(packed, h0)
         y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]
@@ -157,11 +157,11 @@ def _lstm_run(module, x, state0, wy, wh, loss_h, lengths):
     """Outputs and every gradient of one LSTM call (torch's takes the lengths packed)."""
     x = x.detach().clone().requires_grad_()
     state = [t.clone().requires_grad_() for t in state0]
-    if isinstance(module, torch.nn.LSTM) and lengths is not None:
+    if type(module) is torch.nn.LSTM and lengths is not None:
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
         y, (hn, cn) = module(packed, tuple(state))
         y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]
-    elif isinstance(module, torch.nn.LSTM):
+    elif type(module) is torch.nn.LSTM:
         y, (hn, cn) = module(x, tuple(state))
     else:
         y, (hn, cn) = module(x, tuple(state), lengths=lengths)

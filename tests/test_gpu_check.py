@@ -31,8 +31,8 @@ def test_gpu_check_dry_run_writes_its_results(tmp_path):
     assert {r["solver"] for r in data["table"]} >= {"cuDNN", "serial", "mgrit", "auto"}
     assert set(data["calibration_H8"]) == {"step", "adjoint"}
     assert "on_ms" in data["early_exit"]
-    assert "gpu_check: tests rc=0, bench rc=0, projection check rc=skipped" in done.stdout
-    assert not (tmp_path / "projection_check.txt").exists()  # skipped, and said so
+    assert "gpu_check: tests rc=0, bench rc=0, scaling rc=skipped" in done.stdout
+    assert not (tmp_path / "scaling.txt").exists()  # skipped, and said so
 
 
 def test_gpu_check_refuses_unknown_arguments():

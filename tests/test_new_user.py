@@ -34,7 +34,7 @@ def _penalty_grads(module, x, lengths=None, head=None):
     """A gradient penalty: d/dparams of |d out / dx|^2 (+ out), with create_graph."""
     x = x.detach().clone().requires_grad_()
     kwargs = {} if lengths is None else {"lengths": lengths}
-    if lengths is not None and isinstance(module, torch.nn.GRU):
+    if lengths is not None and type(module) is torch.nn.GRU:  # torch takes them packed
         packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
         y, _ = module(packed)
         y = torch.nn.utils.rnn.pad_packed_sequence(y, total_length=x.shape[0])[0]

@@ -22,7 +22,7 @@ from mgrit_gru.trace import Event, Trace
 TOY = Device(
     "toy",
     "cpu",
-    {"step": (10.0, 1.0), "adjoint": (10.0, 1.0), "fused": (10.0, 1.0)},
+    {k: (10.0, 1.0) for k in ("step", "adjoint", "fused", "sweep", "sweep_adjoint")},
     op_us=1.0,
     bulk={k: (100.0, 2.0) for k in ("gates", "coefficients", "forcing", "gradients")},
 )
@@ -50,8 +50,9 @@ def test_trace_counts_what_the_solve_ran():
     serial, _ = _trace("serial", m=256)
     serial_work = serial.of(tr.WORK)
     assert all(e.level == tr.SERIAL for e in serial_work)
-    assert sum(e.calls for e in serial_work if e.kind != "adjoint") == 256
-    assert sum(e.calls for e in serial_work if e.kind == "adjoint") == 256
+    adjoint = ("adjoint", "sweep_adjoint")  # the PyTorch steps', the compiled sweeps'
+    assert sum(e.calls for e in serial_work if e.kind not in adjoint) == 256
+    assert sum(e.calls for e in serial_work if e.kind in adjoint) == 256
 
 
 def test_recording_is_off_outside_a_block_and_not_nested():
@@ -194,3 +195,22 @@ def test_cli_project_defaults_fit_the_shape(capsys):
     assert main(["project", "--T", "64", "--device", "cuda", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {r["ranks"] for r in rows} == {1}
+
+
+def test_scaling_benchmark_dry_run():
+    """benchmarks/scaling.py (the paper's experiment on real ranks) end to end at P = 1, 2
+    on a tiny shape: every row printed, the real ranks' traces equal to one process's
+    expanded, the measured split of the slowest rank beside the projection's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "benchmarks/scaling.py", "--dry-run"],
+        capture_output=True, text=True, cwd=root, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.strip().startswith("256 ")]
+    assert {(r[1], r[2]) for r in rows} >= {("budget", "1"), ("budget", "2"), ("mgrit", "2")}
+    assert "TRACE DIFFERS" not in run.stdout and "comm" in run.stdout

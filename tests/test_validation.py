@@ -94,7 +94,7 @@ def test_module_arguments():
     assert isinstance(mgrit_gru.GRU(3, 4, solver="mgrit").solver, MGRIT)
     with pytest.raises(ValueError, match="unknown cell='lstm'"):
         mgrit_gru.GRU(3, 4, cell="lstm")
-    with pytest.raises(ValueError, match="hidden_size must be a positive integer"):
+    with pytest.raises(ValueError, match="^GRU: hidden_size must be greater than zero"):
         mgrit_gru.GRU(3, 0)
     with pytest.raises(ValueError, match="dropout must be a number in"):
         mgrit_gru.GRU(3, 4, dropout=1.5)
@@ -144,16 +144,18 @@ def test_auto_cfactor_follows_the_cost_model():
     assert MGRIT(cfactor=8).resolve(9, 9, 9) is not None
     with pytest.raises(ValueError, match="cfactor='auto' must be resolved first"):
         opts.num_levels(100)
-    # time-parallel ranks: the rule on each rank's share of T, at least one chunk per rank
-    assert auto_cfactor(65536, 4, 64, ranks=2) == auto_cfactor(32768, 4, 64) == 128
-    assert auto_cfactor(65536, 4, 64, ranks=4) == 128 and auto_cfactor(65537, 4, 64, ranks=2) == 128
-    assert auto_cfactor(150, 3, 5, ranks=8) == 16  # 10 chunks for 8 ranks
+    # time-parallel ranks: one process's rule on the whole T, at least one chunk per rank
+    assert auto_cfactor(65536, 4, 64, ranks=2) == auto_cfactor(65536, 4, 64) == 256
+    assert (
+        auto_cfactor(65536, 4, 64, ranks=16) == 256 and auto_cfactor(65537, 4, 64, ranks=2) == 256
+    )
+    assert auto_cfactor(150, 3, 5) == 32 and auto_cfactor(150, 3, 5, ranks=8) == 16  # 10 chunks
     assert MGRIT().resolve(150, 3, 5, ranks=8).cfactor == 16
     tg = TimeGroup()
     gru = mgrit_gru.GRU(3, 64, time_group=tg)  # no process group needed to ask
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TimeGroup, "size", property(lambda self: 2))
-        assert gru.time_cfactor(65536, 4) == 128
+        assert gru.time_cfactor(65536, 4) == 256  # one process's
 
 
 @pytest.fixture
@@ -168,15 +170,19 @@ def gru():
         (
             lambda: (torch.randn(5, 2, 7), None),
             ValueError,
-            r"input.size\(-1\) must equal "
-            r"input_size=3, got 7",
+            r"input.size\(-1\) "
+            r"must be equal to input_size. Expected 3, got 7",
         ),
         (
             lambda: (torch.randn(5, 2, 3, dtype=torch.float32), None),
             TypeError,
             r"input dtype torch.float32 does not match the parameters' dtype torch.float64",
         ),
-        (lambda: (torch.randn(0, 2, 3), None), ValueError, r"empty sequence"),
+        (
+            lambda: (torch.randn(0, 2, 3), None),
+            ValueError,
+            r"Expected sequence length to be larger than 0 in RNN",
+        ),
         (
             lambda: (torch.tensor([[[1.0, float("nan"), 0.0]]]), None),
             ValueError,
@@ -190,7 +196,7 @@ def gru():
         (
             lambda: (torch.randn(5, 2, 3), torch.randn(1, 2, 4)),
             ValueError,
-            r"expected h0 of shape \(2, 2, 4\), got \(1, 2, 4\)",
+            r"Expected hidden size \(2, 2, 4\), got \[1, 2, 4\] \(h0\)",
         ),
         (
             lambda: (torch.randn(5, 2, 3), torch.randn(2, 2, 4, dtype=torch.float32)),
@@ -221,9 +227,20 @@ def test_huge_finite_input_is_not_taken_for_inf(gru):
 
 
 def test_device_mismatch(gru):
+    """torch's words and order: the states against the input first, then the input against
+    the parameters."""
     x = torch.randn(5, 2, 3, device="meta")
-    with pytest.raises(ValueError, match=r"input is on meta but the parameters are on cpu"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"Input and parameter tensors are not at the same device, found input tensor at "
+        r"meta and parameter tensor at cpu",
+    ):
         gru(x)
+    with pytest.raises(
+        RuntimeError, match=r"Input and hidden tensors are not at the same device, found input "
+        r"tensor at meta and hidden tensor at cpu \(h0\)",
+    ):  # fmt: skip
+        gru(x, torch.zeros(2, 2, 4))
 
 
 def test_auto_tolerance_follows_the_arithmetic():

@@ -23,7 +23,6 @@ over each of its chunks of the steps' diagonal factors along its current traject
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -31,34 +30,6 @@ from torch import Tensor
 
 from .. import trace
 from .grid import Grid, chunk_view, pad_steps
-
-
-def affine_scan(f: Tensor, b: Tensor, c0: Tensor, out: Tensor) -> Tensor:
-    """``c_{t+1} = f_t c_t + b_t`` for the ``T`` steps of ``f``, ``b`` ``(T, ...)`` from ``c0``:
-    all ``c_1 .. c_T`` into ``out`` ``(T, ...)``, in about ``3 sqrt(T)`` operations instead of
-    ``T``. Blocks of ``K ~ sqrt(T)`` steps run side by side from 0 (each block's own offset
-    and factor product), the blocks' starts then follow one after another, and every step
-    adds its block's start times its factor product. No division: factors that underflow to
-    0 are exact, and the result is the sequential recurrence up to rounding."""
-    T = f.shape[0]
-    K = max(1, math.isqrt(T))
-    n = -(-T // K)
-    if n * K > T:  # identity steps to whole blocks
-        extra = (n * K - T, *f.shape[1:])
-        f, b = torch.cat([f, f.new_ones(extra)]), torch.cat([b, b.new_zeros(extra)])
-    fb, bb = f.view(n, K, *f.shape[1:]), b.view(n, K, *b.shape[1:])
-    local = f.new_empty((n, K, *f.shape[1:]))  # each block's states from 0
-    prod = f.new_empty((n, K, *f.shape[1:]))  # and its factor products
-    local[:, 0], prod[:, 0] = bb[:, 0], fb[:, 0]
-    for k in range(1, K):
-        torch.addcmul(bb[:, k], fb[:, k], local[:, k - 1], out=local[:, k])
-        torch.mul(fb[:, k], prod[:, k - 1], out=prod[:, k])
-    starts = f.new_empty((n, *f.shape[1:]))
-    starts[0] = c0
-    for j in range(1, n):
-        torch.addcmul(local[j - 1, K - 1], prod[j - 1, K - 1], starts[j - 1], out=starts[j])
-    full = local.addcmul_(prod, starts.unsqueeze(1)).view(n * K, *f.shape[1:])
-    return out.copy_(full[:T])
 
 
 class DiagonalStep:
@@ -81,23 +52,6 @@ class DiagonalStep:
         a = self.a if j is None else self.a[j]
         trace.work("map", u.numel() // max(u.shape[-1], 1), u.shape[-1], level=self.level)
         return torch.mul(u, a, out=out)
-
-    @property
-    def sweep(self):
-        """Steps ``j0 .. j1 - 1`` of every chunk at once (:func:`affine_scan`: about ``3
-        sqrt(S)`` operations for ``S`` steps instead of ``2 S``), for the core's ``advance``;
-        None, so the steps run one by one, while a trace records (it counts each step's work)
-        or a coupling makes the map more than elementwise (:class:`SecantStep`)."""
-        if trace.active() or getattr(self, "coupling", None) is not None:
-            return None
-        return self._sweep
-
-    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
-        a = self.a[j0:j1]
-        if g is None:  # u[j0 + k] = a[j0 + k - 1] ... a[j0] u[j0]
-            torch.mul(torch.cumprod(a, 0), u[j0], out=u[j0 + 1 : j1 + 1])
-        else:
-            affine_scan(a, g[j0:j1], u[j0], out=u[j0 + 1 : j1 + 1])
 
     def chunk_factors(self) -> Tensor:
         return self.a.prod(0)

@@ -53,18 +53,18 @@ class Propagator(Protocol):
         ...
 
 
-# The lagged exit decision of f_relax, forced on for every device (tests exercise it on CPU).
-LAGGED_EXIT = False
-
-
 class _Lagged:
     """An early-exit comparison read without waiting for it: ``push`` starts copying a device
     scalar to the host; ``agreed`` says whether the last one pushed has arrived and was
-    within the threshold (False while it is still on its way)."""
+    within the threshold (False while it is still on its way). One process's only: a time
+    group's ranks must decide alike (:class:`_RanksLagged`)."""
 
     def __init__(self) -> None:
         self.value: Optional[Tensor] = None
         self.event = None
+
+    def finish(self) -> None:
+        pass
 
     def push(self, change: Tensor) -> None:
         if change.is_cuda:
@@ -80,6 +80,33 @@ class _Lagged:
         if self.value is None or (self.event is not None and not self.event.query()):
             return False
         return float(self.value) <= tol
+
+
+class _RanksLagged:
+    """The lagged decision across a time group's ranks: ``push`` starts the maximum of the
+    comparison over the ranks without waiting (``comm.max_start``), the sweep goes on, and
+    ``agreed`` at the next comparison waits for it (done by then, as a rule) and judges it:
+    every rank the same value, the same decision, and no rank stalls the others every
+    EXIT_EVERY steps. One process judges the previous comparison the same way (on the CPU it
+    is there at once), so P ranks and one process exit at the same step."""
+
+    def __init__(self, comm) -> None:
+        self.comm, self.pending = comm, None
+
+    def push(self, change: Tensor) -> None:
+        self.pending = self.comm.max_start(change)
+
+    def agreed(self, tol: float) -> bool:
+        if self.pending is None:
+            return False
+        value, self.pending = self.pending(), None
+        return value <= tol
+
+    def finish(self) -> None:
+        """Wait for a maximum still under way (a sweep that ran to its end)."""
+        if self.pending is not None:
+            self.pending()
+            self.pending = None
 
 
 class LocalComm:
@@ -147,6 +174,11 @@ class LocalComm:
     def max(self, value: float) -> float:
         trace.message(trace.MAX, None, self.reverse)
         return value
+
+    def max_start(self, value: Tensor) -> Callable[[], float]:
+        """:meth:`max` of a scalar tensor begun without waiting: call the result for it."""
+        trace.message(trace.MAX_LAGGED, None, self.reverse)
+        return lambda: float(value)
 
 
 def advance(op: Propagator, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
@@ -224,16 +256,25 @@ class _Solver:
         of every chunk. The trajectory then has one residual per chunk, at that step, of at
         most the returned difference; ``None``: the sweep ran to the end (no residual).
 
-        On CUDA (one process) a comparison is not waited for: its value is copied to the host
-        in the background and the decision reads the previous comparison's, if it has
-        arrived (:class:`_Lagged`), so the stream never stalls; the exit then comes one
-        comparison later, and the difference at the step where it comes is returned as it
-        is, still on the device (the caller reads it with the C-point residuals)."""
+        A comparison is not waited for: the decision reads the previous comparison's. On
+        CUDA (one process) its value is copied to the host in the background, if it has
+        arrived (:class:`_Lagged`), so the stream never stalls; on a time group's ranks its
+        maximum over the ranks runs while the sweep goes on (:class:`_RanksLagged`: before
+        2026-12-05 each comparison was a blocking all-reduce, every EXIT_EVERY steps), and
+        one process decides the same way. The exit then comes one comparison later, and the
+        difference at the step where it comes is returned as it is, this rank's (the caller
+        reduces it with the C-point residuals)."""
         op = self.ops[level]
         recording = getattr(op, "recording", None)
         if provisional and recording:
             op.recording = False
-        lagged = _Lagged() if (LAGGED_EXIT or u.is_cuda) and type(self.comm) is LocalComm else None
+        # the decision reads the previous comparison: one process on CUDA without stalling
+        # the stream (_Lagged), and everywhere else as ranks do (_RanksLagged), so that ranks
+        # and one process exit alike
+        if u.is_cuda and type(self.comm) is LocalComm:
+            lagged = _Lagged()
+        else:
+            lagged = _RanksLagged(self.comm)
         steps = self.grids[level].m - 1
         try:
             if exit_tol is None:
@@ -246,20 +287,15 @@ class _Solver:
                 new = op(u[j], j, out=self._scratch(u))
                 if g is not None:
                     new.add_(g[j])
-                if lagged is not None:
-                    change = (new - u[j + 1]).abs().max()
-                    if lagged.agreed(exit_tol):
-                        return change
-                    lagged.push(change)
-                    u[j + 1].copy_(new)
-                    continue
-                # one decision for all ranks, as one process holding all chunks would
-                change = self.comm.max((new - u[j + 1]).abs().max().item())
-                if change <= exit_tol:
+                change = (new - u[j + 1]).abs().max()
+                if lagged.agreed(exit_tol):
+                    lagged.finish()
                     return change
+                lagged.push(change)
                 u[j + 1].copy_(new)
             advance(op, u, g, done, steps)
         finally:
+            lagged.finish()
             if recording is not None:
                 op.recording = recording
         return None

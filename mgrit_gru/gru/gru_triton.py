@@ -163,10 +163,7 @@ def forward(x0, out, gx, w_hh, b_hn, g, keep, factor, dt, implicit, pad_c, pad_l
     S, n, B, H = out.shape
     BH, BK = gpu.blocks(H)
     w = w_hh.contiguous()
-    args = [gpu.strides(t, out) for t in (x0, out, gx, g, keep, factor, dt)]
-    ptrs = [a[0] for a in args]
-    st = [v for a in args for v in a[1:]]
-    del st[0]  # x0's step stride: one step
+    ptrs, st = gpu.layout(x0, out, gx, g, keep, factor, dt)
     gpu.launch(
         _forward_kernel,
         n * B,
@@ -305,18 +302,13 @@ def adjoint(x0, out, D, C, w_hh, g):
     gpu.check("gru_adjoint", out, x0, D, C, w_hh, g)
     S, n, B, H = out.shape
     BH, BK = gpu.blocks(H)
-    args = [gpu.strides(t, out) for t in (x0, out, D, C, g)]
-    st = [v for a in args for v in a[1:]]
-    del st[0]
+    ptrs, st = gpu.layout(x0, out, D, C, g)
     gpu.launch(
         _adjoint_kernel,
         n * B,
-        args[0][0],
-        out,
-        args[2][0],
-        args[3][0],
+        *ptrs[:4],
         w_hh.contiguous(),
-        args[4][0],
+        ptrs[4],
         *st,
         S,
         n * B,

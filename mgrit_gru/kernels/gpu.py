@@ -84,6 +84,14 @@ def strides(t: Optional[torch.Tensor], like: torch.Tensor) -> tuple:
     return t, t.stride(0), t.stride(1), t.stride(2)
 
 
+def layout(x0: torch.Tensor, out: torch.Tensor, *tensors) -> tuple[list, list]:
+    """What a sweep kernel takes of its ``(S, n, B, W)`` tensors ``x0``, ``out`` and then
+    ``tensors`` (None: absent, ``out`` stands in): their pointers, and the first three strides
+    of each but ``x0``'s first (it holds one step)."""
+    args = [strides(t, out) for t in (x0, out, *tensors)]
+    return [a[0] for a in args], [v for a in args for v in a[1:]][1:]
+
+
 def check(name: str, like: torch.Tensor, *tensors) -> None:
     for t in tensors:
         if t is not None and (t.device != like.device or t.dtype != like.dtype):

@@ -53,6 +53,14 @@ class Recurrent(nn.Module):
     counterpart and how its initial and final states look (the GRU's ``h``, the LSTM's
     ``(h, c)``: stacked along the last dimension inside).
 
+    A subclass also derives from its torch counterpart (``class GRU(Recurrent,
+    torch.nn.GRU)``): ``isinstance(m, torch.nn.GRU)`` and ``torch.nn.RNNBase`` hold, and
+    torch's RNNBase members work on it (``_flat_weights`` kept in step with the weights, so
+    that ``torch.nn.utils.weight_norm`` and other reparametrisations of RNN weights work as
+    on torch; ``check_forward_args``, ``get_expected_hidden_size``, ``permute_hidden``,
+    ``mode``, ``proj_size``, ``_apply``, ``__setstate__``). Torch's constructor is not run
+    (it would make cuDNN's weight buffer); this one sets what RNNBase's members read.
+
     The docs below are the GRU's; the LSTM's are its own class's.
 
     """
@@ -78,7 +86,7 @@ class Recurrent(nn.Module):
         time_group=None,
         kernels: Optional[str] = None,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not RNNBase's: see the class docstring
         name = self._NAME
         # torch's checks, with torch's exception types and words (code that catches them, and
         # torch's own tests, see the same): a flag that is not a bool would silently mean
@@ -97,8 +105,8 @@ class Recurrent(nn.Module):
                 raise TypeError(
                     f"{name}: {field} should be of type int, got: {type(value).__name__}"
                 )
-            if value < 1:
-                raise ValueError(f"{name}: {field} must be a positive integer, got {value!r}")
+            if value < 1:  # torch's words (torch accepts input_size=0; docs/limits.md)
+                raise ValueError(f"{name}: {field} must be greater than zero, got {value!r}")
         if (
             not isinstance(dropout, (int, float))
             or isinstance(dropout, bool)
@@ -117,6 +125,8 @@ class Recurrent(nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
+        # what torch's RNNBase members read (its constructor is not run)
+        self.mode, self.proj_size, self.dropout_state = name, 0, {}
         self.solver = solver
         self.time_group = time_group
         self._divergence = DivergenceMemory()  # for MGRIT(on_divergence="backoff")
@@ -136,7 +146,19 @@ class Recurrent(nn.Module):
                     name = kind + suffix
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
                     self._flat_weights_names.append(name)
+        per = len(self._flat_weights_names) // (num_layers * directions)
+        names = self._flat_weights_names
+        self._all_weights = [names[i : i + per] for i in range(0, len(names), per)]
+        self._init_flat_weights()  # RNNBase's: _flat_weights follows every weight
         self.reset_parameters()
+
+    def _init_flat_weights(self) -> None:
+        # RNNBase's where the subclass derives from it (all do); a plain list here otherwise
+        parent = getattr(super(), "_init_flat_weights", None)
+        if parent is not None:
+            parent()
+        else:
+            self._flat_weights = [getattr(self, n, None) for n in self._flat_weights_names]
 
     @property
     def kernels(self) -> Optional[str]:
@@ -217,12 +239,6 @@ class Recurrent(nn.Module):
         return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
 
     @property
-    def _all_weights(self) -> list[list[str]]:
-        per = 4 if self.bias else 2
-        names = self._flat_weights_names
-        return [names[i : i + per] for i in range(0, len(names), per)]
-
-    @property
     def all_weights(self) -> list[list[nn.Parameter]]:
         """As torch's ``all_weights``: per layer and direction, its parameters."""
         return [[getattr(self, name) for name in names] for names in self._all_weights]
@@ -295,9 +311,10 @@ class Recurrent(nn.Module):
                 f"{name}: expected input of 2 (unbatched: T, {self.input_size}) or 3 dimensions "
                 f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
             )
-        if x.shape[-1] != self.input_size:
+        if x.shape[-1] != self.input_size:  # torch's words
             raise InputError(
-                f"{name}: input.size(-1) must equal input_size={self.input_size}, got {x.shape[-1]}"
+                f"{name}: input.size(-1) must be equal to input_size. Expected "
+                f"{self.input_size}, got {x.shape[-1]}"
             )
         param = self.weight_ih_l0
         if not x.is_floating_point():
@@ -305,11 +322,11 @@ class Recurrent(nn.Module):
                 f"{name}: input must be a floating-point tensor, got {x.dtype}; convert it, "
                 f"e.g. x.to({param.dtype})"
             )
-        self._check_like_params("input", x, f"; convert one of them (e.g. module.to({x.dtype}))")
+        self._check_dtype("input", x, f"; convert one of them (e.g. module.to({x.dtype}))")
         batched = x.dim() == 3
         seq_dim = 1 if (batched and self.batch_first) else 0
         if x.shape[seq_dim] == 0:
-            raise InputError(f"{name}: empty sequence (length 0)")
+            raise InputError(f"{name}: Expected sequence length to be larger than 0 in RNN")
         if not _all_finite(x):
             raise ValueError(f"{name}: input contains NaN or Inf")
         batch = x.shape[1 - seq_dim] if batched else None
@@ -319,22 +336,29 @@ class Recurrent(nn.Module):
             x = x.transpose(0, 1)
         return x, batched, batch
 
-    def _check_like_params(self, label: str, t: Tensor, advice: str = "") -> None:
-        """``t`` in the parameters' dtype and on their device, else one line naming both."""
+    def _check_dtype(self, label: str, t: Tensor, advice: str = "") -> None:
+        """``t`` in the parameters' dtype, else one line naming both."""
         name, param = self._NAME, self.weight_ih_l0
         if t.dtype != param.dtype:
             raise InputTypeError(
                 f"{name}: {label} dtype {t.dtype} does not match the parameters' dtype "
                 f"{param.dtype}{advice}"
             )
-        if t.device != param.device:
+
+    def _check_device(self, x: Tensor) -> None:
+        """The input on the parameters' device (checked after the states, as torch does),
+        in torch's words."""
+        param = self.weight_ih_l0
+        if x.device != param.device:
             raise InputError(
-                f"{name}: {label} is on {t.device} but the parameters are on {param.device}"
+                f"{self._NAME}: Input and parameter tensors are not at the same device, found "
+                f"input tensor at {x.device} and parameter tensor at {param.device}"
             )
 
-    def _check_state(self, label: str, t, batch: Optional[int]) -> Tensor:
-        """One initial-state tensor (``h0``, ``c0``) checked against torch's shape
-        ``(D * num_layers, [B,] H)``; returned batched."""
+    def _check_state(self, label: str, t, batch: Optional[int], device, index: str = "") -> Tensor:
+        """One initial-state tensor (``h0``, ``c0``: torch's ``hidden{index}``) checked
+        against torch's shape ``(D * num_layers, [B,] H)`` and the input's ``device``;
+        returned batched."""
         name = self._NAME
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
@@ -344,15 +368,23 @@ class Recurrent(nn.Module):
             + ((batch,) if batch is not None else ())
             + (self.hidden_size,)
         )
-        if tuple(t.shape) != expected:
-            raise InputError(f"{name}: expected {label} of shape {expected}, got {tuple(t.shape)}")
-        self._check_like_params(label, t)
+        if tuple(t.shape) != expected:  # torch's words, and which state
+            raise InputError(
+                f"{name}: Expected hidden{index} size {expected}, got {list(t.shape)} ({label})"
+            )
+        if t.device != device:
+            raise InputError(
+                f"{name}: Input and hidden tensors are not at the same device, found input "
+                f"tensor at {device} and hidden tensor at {t.device} ({label})"
+            )
+        self._check_dtype(label, t)
         if not _all_finite(t):
             raise ValueError(f"{name}: {label} contains NaN or Inf")
         return t if batch is not None else t.unsqueeze(1)
 
-    def _initial_state(self, hx, batch: Optional[int]) -> Optional[Tensor]:
-        """The call's initial state as one tensor ``(D * num_layers, B, S)``, or None."""
+    def _initial_state(self, hx, batch: Optional[int], device) -> Optional[Tensor]:
+        """The call's initial state as one tensor ``(D * num_layers, B, S)``, or None;
+        ``device``: the input's."""
         raise NotImplementedError
 
     def _final_state(self, u_n: Tensor, batched: bool):
@@ -437,7 +469,8 @@ class Recurrent(nn.Module):
             batch_sizes = input.batch_sizes
             input, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
         x, batched, batch = self._check_input(input)
-        u0 = None if hx is None else self._initial_state(hx, batch)
+        u0 = None if hx is None else self._initial_state(hx, batch, x.device)
+        self._check_device(x)
         T, B = x.shape[:2]
         if B == 0 or x.device.type == "meta":  # nothing to solve, or shapes only
             return self._empty_batch(x, u0, batched)

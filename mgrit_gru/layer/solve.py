@@ -351,9 +351,10 @@ def _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg) -> bool:
 
 def compiled_kernel(cell: Cell, x: Tensor):
     """The compiled module that runs this layer's sweeps (:mod:`mgrit_gru.kernels`, by the
-    cell's choice or the process default), or None: the cell's PyTorch steps. Never while a
-    trace records: a trace counts the PyTorch steps' work."""
-    if trace.active():
+    cell's choice or the process default), or None: the cell's PyTorch steps. Not while a
+    trace counts operators (the device models priced by operators count the PyTorch
+    steps'); a trace otherwise records the compiled steps as the "sweep" kinds."""
+    if trace.counting():
         return None
     return kernels.compiled_for(kernels.check(cell.kernels or kernels.process_default()), x)
 
@@ -755,9 +756,11 @@ def adjoint_solve(
     fused = _torch_serial(kernel) and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
     # the serial adjoint in one compiled call with the gate gradients, from the kept gates
     # (one process: a time group's serial pipeline passes lam between the ranks' loops)
+    # (not while a trace records: a trace stands for ranks, which pass lam through the ranks'
+    # sweeps, as _fused_adjoint says)
     whole = (
         not fused and kernel is not None and hier.kept is not None and tg is None
-        and not hier.partial
+        and not hier.partial and not trace.active()
     )  # fmt: skip
     state: dict = {}
 

@@ -28,13 +28,13 @@ analogue of the GRU's ``z``. An identity step (padding, a sequence past its leng
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import workspace
-from ..core.coarse import affine_scan  # noqa: F401 (c rebuilt by it; tests use it here)
 from ..layer.cell import Linearisation
 
 KEPT = 4  # kept gates per hidden unit: i, f, g, o (activated)
@@ -194,6 +194,34 @@ def reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask=None) -> tuple[Tensor, T
         u = new if mask is None else torch.where(mask[t].unsqueeze(-1) > 0, new, u)
         out.append(u)
     return torch.stack(out), u
+
+
+def affine_scan(f: Tensor, b: Tensor, c0: Tensor, out: Tensor) -> Tensor:
+    """``c_{t+1} = f_t c_t + b_t`` for the ``T`` steps of ``f``, ``b`` ``(T, ...)`` from ``c0``:
+    all ``c_1 .. c_T`` into ``out`` ``(T, ...)``, in about ``3 sqrt(T)`` operations instead of
+    ``T``. Blocks of ``K ~ sqrt(T)`` steps run side by side from 0 (each block's own offset
+    and factor product), the blocks' starts then follow one after another, and every step
+    adds its block's start times its factor product. No division: factors that underflow to
+    0 are exact, and the result is the sequential recurrence up to rounding."""
+    T = f.shape[0]
+    K = max(1, math.isqrt(T))
+    n = -(-T // K)
+    if n * K > T:  # identity steps to whole blocks
+        extra = (n * K - T, *f.shape[1:])
+        f, b = torch.cat([f, f.new_ones(extra)]), torch.cat([b, b.new_zeros(extra)])
+    fb, bb = f.view(n, K, *f.shape[1:]), b.view(n, K, *b.shape[1:])
+    local = f.new_empty((n, K, *f.shape[1:]))  # each block's states from 0
+    prod = f.new_empty((n, K, *f.shape[1:]))  # and its factor products
+    local[:, 0], prod[:, 0] = bb[:, 0], fb[:, 0]
+    for k in range(1, K):
+        torch.addcmul(bb[:, k], fb[:, k], local[:, k - 1], out=local[:, k])
+        torch.mul(fb[:, k], prod[:, k - 1], out=prod[:, k])
+    starts = f.new_empty((n, *f.shape[1:]))
+    starts[0] = c0
+    for j in range(1, n):
+        torch.addcmul(local[j - 1, K - 1], prod[j - 1, K - 1], starts[j - 1], out=starts[j])
+    full = local.addcmul_(prod, starts.unsqueeze(1)).view(n * K, *f.shape[1:])
+    return out.copy_(full[:T])
 
 
 def fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:

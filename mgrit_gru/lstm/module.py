@@ -13,7 +13,7 @@ from ..options import MGRIT, Auto
 from .cell import LSTMCell
 
 
-class LSTM(Recurrent):
+class LSTM(Recurrent, nn.LSTM):
     """Multi-layer LSTM with ``torch.nn.LSTM``'s constructor, parameters (names, shapes,
     ``state_dict`` keys) and call: ``output, (h_n, c_n) = lstm(input, (h0, c0))``.
 
@@ -88,14 +88,14 @@ class LSTM(Recurrent):
         """A copy of a ``torch.nn.LSTM`` (same weights, device and dtype)."""
         return cls._copy_of(module, solver=solver, kernels=kernels)
 
-    def _initial_state(self, hx, batch: Optional[int]) -> Tensor:
+    def _initial_state(self, hx, batch: Optional[int], device) -> Tensor:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(
                 f"LSTM: hx must be a pair (h0, c0) of tensors, got {type(hx).__name__}"
                 + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
             )
-        h0 = self._check_state("h0", hx[0], batch)
-        c0 = self._check_state("c0", hx[1], batch)
+        h0 = self._check_state("h0", hx[0], batch, device, "[0]")
+        c0 = self._check_state("c0", hx[1], batch, device, "[1]")
         return torch.cat([h0, c0], dim=-1)
 
     def _final_state(self, u_n: Tensor, batched: bool) -> tuple[Tensor, Tensor]:

@@ -102,7 +102,8 @@ LINKS = {
 @dataclass(frozen=True)
 class Device:
     """What one rank's work costs (microseconds). ``steps``: kind -> (o, c per row at
-    H = 64) for "step", "adjoint", "fused"; ``op_us``: one dispatched operator outside the
+    H = 64) for "step", "adjoint", "fused", "sweep", "sweep_adjoint"; ``op_us``: one
+    dispatched operator outside the
     steps; ``bulk``: kind -> (o, c per row) of the passes over a slice (missing kinds:
     operators plus bytes); ``bytes_per_row``: what such a pass reads and writes per row at
     H = 64; ``bandwidth_GBps``: the device memory's; ``torch``: (o, c per time step) of a
@@ -110,7 +111,7 @@ class Device:
     sequence torch.nn.GRU accepts there (cuDNN's limit), or None; ``steps_by_ops``: the
     library's steps too cost their operators (a GPU, where a step is its launches), which
     needs a trace with operators counted; ``windows``: what the host spends around events,
-    measured from timed traces: ``"step"`` / ``"adjoint"`` ``(o, c per row)`` per call of an
+    measured from timed traces: per step kind ``(o, c per row)`` per call of an
     MGRIT sweep beyond the step itself (exit checks, kept gates), ``"map"`` ``(o, c)`` per
     call, ``"message <kind>"`` / ``"phase <kind>"`` per event (the work between steps:
     residuals, copies, C-relaxation), used in place of ``op_us`` where present; ``drift``:
@@ -344,6 +345,9 @@ def _fit_extra(points: list) -> tuple[float, float]:
     return max(y0 - c * r0, 0.0), c
 
 
+STEP_KINDS = ("step", "adjoint", "sweep", "sweep_adjoint")  # a step of a solve's propagator
+
+
 def _windows(traces: list, table: dict, scale: float) -> dict:
     """What the host spends around events, from timed traces (see :class:`Device`): per
     call of a step beyond the cost model's step (the median), a coarse chunk map's ``(o, c)``
@@ -354,7 +358,7 @@ def _windows(traces: list, table: dict, scale: float) -> dict:
     for t in traces:
         for e in t.events:
             us = 1e6 * e.seconds
-            if e.what == tr.WORK and e.kind in ("step", "adjoint") and e.calls and e.level >= 0:
+            if e.what == tr.WORK and e.kind in STEP_KINDS and e.calls and e.level >= 0:
                 o, c = table[e.kind]
                 per = us / e.calls - (o + c * e.rows * scale)
                 extra.setdefault(e.kind, []).append((e.rows * scale, per))

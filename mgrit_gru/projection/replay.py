@@ -51,14 +51,16 @@ def expand(trace: Trace, ranks: int) -> list[list[Event]]:
 def _unfused(events: list[Event], steps: int) -> list[Event]:
     """The events with each serial forward by torch's fused loop (one process only) as a
     time group runs it: its input gates first (a pass over the slice), then the library's own
-    steps through the ranks in turn."""
+    steps through the ranks in turn (compiled sweeps where the trace's steps are)."""
+    compiled = any(e.what == tr.WORK and e.kind.startswith("sweep") for e in events)
+    serial = "sweep" if compiled else "step"
     out: list[Event] = []
     for k, e in enumerate(events):
         nxt = events[k + 1] if k + 1 < len(events) else None
         fused = nxt is not None and nxt.what == tr.WORK and nxt.kind == "fused"
         if e.what == tr.MESSAGE and e.kind == tr.RECV_PREV and fused:
             out.append(Event(tr.BULK, "gates", nxt.rows * steps, 1, nxt.hidden))
-        out.append(replace(e, kind="step") if e.what == tr.WORK and e.kind == "fused" else e)
+        out.append(replace(e, kind=serial) if e.what == tr.WORK and e.kind == "fused" else e)
     return out
 
 
@@ -87,6 +89,21 @@ def _for_rank(e: Event, r, ranks, n, n_r, steps, t_r, counts, order) -> Event:
     if e.kind in tr.COLLECTIVES:
         return e
     raise ValueError(f"trace: no model for a {e.kind!r} message")
+
+
+def measured_split(events: list[Event]) -> dict:
+    """Where a timed trace's seconds went (a real rank's own clock), in :data:`CATEGORIES`:
+    steps by level ("fine" level 0, "serial" a serial sweep, "coarse" the coarser levels),
+    "bulk" the passes over the slice, "comm" the messages and collectives (a receive's window
+    holds its wait: a rank cannot tell waiting from transfer), "other" the rest."""
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for e in events:
+        if e.what == tr.WORK:
+            cat = "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+        else:
+            cat = {tr.BULK: "bulk", tr.MESSAGE: "comm"}.get(e.what, "other")
+        out[cat] += e.seconds
+    return out
 
 
 def comparable(events: list[Event]) -> list[tuple]:
@@ -172,6 +189,12 @@ def _exchange(row, clock, split, sent, machine: Machine) -> None:
             if e.peer is not None:
                 sent[r][0] += 1
                 sent[r][1] += size
+        return
+    if e0.kind == tr.MAX_LAGGED:  # overlapped with the sweep that follows: no rank waits for
+        # it (an approximation: a rank more than a check's steps behind would hold the others)
+        for r in range(P):
+            sent[r][0] += 1
+            sent[r][1] += size
         return
     hops = link.steps(P)
     if e0.kind == tr.GATHER or e0.kind == tr.CHECK:  # every rank ends with P pieces
