@@ -36,6 +36,9 @@ from .stopping import StopTest
 # every EXIT_EVERY steps: each comparison costs about a tenth of a batched step on the CPU, and
 # the exit comes at most EXIT_EVERY - 1 steps late.
 EXIT_EVERY = 4
+# On CUDA a comparison is a few kernel launches and splits the sweep's one launch (the Triton
+# sweeps) in two: every 16 steps there (not yet measured on a GPU: benchmarks/gpu_check.sh).
+EXIT_EVERY_CUDA = 16
 
 
 class Propagator(Protocol):
@@ -280,8 +283,9 @@ class _Solver:
             if exit_tol is None:
                 advance(op, u, g, 0, steps)
                 return None
-            done = 0  # steps taken; the checks at j = EXIT_EVERY - 1, 2 EXIT_EVERY - 1, ...
-            for j in range(EXIT_EVERY - 1, steps, EXIT_EVERY):
+            every = EXIT_EVERY_CUDA if u.is_cuda else EXIT_EVERY
+            done = 0  # steps taken; the checks at j = every - 1, 2 every - 1, ...
+            for j in range(every - 1, steps, every):
                 advance(op, u, g, done, j)
                 done = j + 1
                 new = op(u[j], j, out=self._scratch(u))
