@@ -68,7 +68,10 @@ def test_lstm_unbatched_and_defaults():
     [
         (lambda: mgrit_gru.LSTM(3, 4, proj_size=2), "proj_size=2 is not supported"),
         (lambda: mgrit_gru.LSTM(3, 0), "hidden_size must be greater than zero"),
-        (lambda: mgrit_gru.LSTM(3, 4, dropout=2.0), "dropout must be a number in"),
+        (
+            lambda: mgrit_gru.LSTM(3, 4, dropout=2.0),
+            "dropout should be a number in range \\[0, 1\\]",
+        ),
         (lambda: mgrit_gru.LSTM(3, 4, solver="fast"), "solver"),
         (
             lambda: mgrit_gru.LSTM(3, 4, solver=mgrit_gru.MGRIT(coarse="implicit")),

@@ -96,7 +96,7 @@ def test_module_arguments():
         mgrit_gru.GRU(3, 4, cell="lstm")
     with pytest.raises(ValueError, match="^GRU: hidden_size must be greater than zero"):
         mgrit_gru.GRU(3, 0)
-    with pytest.raises(ValueError, match="dropout must be a number in"):
+    with pytest.raises(ValueError, match="dropout should be a number in range \\[0, 1\\]"):
         mgrit_gru.GRU(3, 4, dropout=1.5)
     with pytest.raises(TypeError, match="expected a torch.nn.GRU"):
         mgrit_gru.GRU.from_torch(torch.nn.LSTM(3, 4))

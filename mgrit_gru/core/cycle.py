@@ -90,8 +90,9 @@ class _RanksLagged:
     comparison over the ranks without waiting (``comm.max_start``), the sweep goes on, and
     ``agreed`` at the next comparison waits for it (done by then, as a rule) and judges it:
     every rank the same value, the same decision, and no rank stalls the others every
-    EXIT_EVERY steps. One process judges the previous comparison the same way (on the CPU it
-    is there at once), so P ranks and one process exit at the same step."""
+    EXIT_EVERY steps. One process on the CPU judges the previous comparison the same way (it
+    is there at once), so P ranks and one process exit at the same step there (one CUDA
+    process reads it when its copy has arrived: :class:`_Lagged`)."""
 
     def __init__(self, comm) -> None:
         self.comm, self.pending = comm, None
@@ -102,14 +103,14 @@ class _RanksLagged:
     def agreed(self, tol: float) -> bool:
         if self.pending is None:
             return False
-        value, self.pending = self.pending(), None
-        return value <= tol
+        pending, self.pending = self.pending, None  # waited for once, even if it fails
+        return pending() <= tol
 
     def finish(self) -> None:
         """Wait for a maximum still under way (a sweep that ran to its end)."""
-        if self.pending is not None:
-            self.pending()
-            self.pending = None
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending()
 
 
 class LocalComm:

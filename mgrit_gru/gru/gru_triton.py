@@ -161,7 +161,6 @@ def forward(x0, out, gx, w_hh, b_hn, g, keep, factor, dt, implicit, pad_c, pad_l
     """``gru_cpu.cpp``'s ``gru_forward`` (same arguments)."""
     gpu.check("gru_forward", out, x0, gx, w_hh, b_hn, g, keep, factor, dt)
     S, n, B, H = out.shape
-    BH, BK = gpu.blocks(H)
     w = w_hh.contiguous()
     ptrs, st = gpu.layout(x0, out, gx, g, keep, factor, dt)
     gpu.launch(
@@ -188,9 +187,7 @@ def forward(x0, out, gx, w_hh, b_hn, g, keep, factor, dt, implicit, pad_c, pad_l
         HAS_FAC=factor is not None,
         HAS_DT=dt is not None,
         IMPLICIT=bool(implicit),
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(out),
+        **gpu.meta(out, H),
     )
 
 
@@ -301,7 +298,6 @@ def adjoint(x0, out, D, C, w_hh, g):
     """``gru_cpu.cpp``'s ``gru_adjoint``."""
     gpu.check("gru_adjoint", out, x0, D, C, w_hh, g)
     S, n, B, H = out.shape
-    BH, BK = gpu.blocks(H)
     ptrs, st = gpu.layout(x0, out, D, C, g)
     gpu.launch(
         _adjoint_kernel,
@@ -315,9 +311,7 @@ def adjoint(x0, out, D, C, w_hh, g):
         B,
         H,
         HAS_G=g is not None,
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(out),
+        **gpu.meta(out, H),
     )
 
 
@@ -335,6 +329,9 @@ def _serial_adjoint_kernel(
     T,
     B,
     H,
+    s_state,
+    s_kept,
+    s_gates,
     HAS_DT: tl.constexpr,
     IMPLICIT: tl.constexpr,
     BR: tl.constexpr,
@@ -404,13 +401,13 @@ def _serial_adjoint_kernel(
                     load_wk(w, 2 * H, k0, H, BH, BK, False),
                     PREC,
                 )
-        p_f -= B * H  # the forcing d_out[k - 1] (none at k = 0)
+        p_f -= s_state  # the forcing d_out[k - 1] (none at k = 0)
         lam = Dg * lam + prod + tile(p_f, 0, rmask & (b * 0 + k >= 1), H, BH)
-        p_h -= B * H
-        p_k -= B * 4 * H
+        p_h -= s_state  # (steps' strides come as arguments: i64 where they need it)
+        p_k -= s_kept
         p_dt -= B
-        p_gx -= B * 3 * H
-        p_gh -= B * 3 * H
+        p_gx -= s_gates
+        p_gh -= s_gates
     put(lam0 + b * H, 0, lam, rmask, H, BH)
 
 
@@ -422,7 +419,6 @@ def serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, 
     if T == 0:
         lam0.copy_(d_last)
         return
-    BH, BK = gpu.blocks(H)
     last = T - 1
     gpu.launch(
         _serial_adjoint_kernel,
@@ -439,11 +435,12 @@ def serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, 
         T,
         B,
         H,
+        B * H,
+        B * 4 * H,
+        B * 3 * H,
         HAS_DT=dt is not None,
         IMPLICIT=bool(implicit),
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(points),
+        **gpu.meta(points, H),
     )
 
 

@@ -5,9 +5,11 @@ per-step PyTorch code of the cell (the reference, ``"pytorch"``) or as one call 
 compiled kernel (``"compiled"``): C++ for CPU tensors, Triton for CUDA tensors, in each
 cell's folder (``gru/gru_cpu.cpp``, ``gru/gru_triton.py``, and the LSTM's likewise).
 ``kernels="auto"`` (the default) takes the compiled kernel where one serves the tensors'
-device and dtype (float32, float64 on the CPU; float32, bfloat16, float16 on CUDA, where
-float64 runs the PyTorch code) and the PyTorch code elsewhere. ``"triton"`` asks for the
-Triton kernels by name: on CUDA tensors of any of those dtypes and float64, and on CPU tensors
+device and dtype (float32, float64 on the CPU) and the PyTorch code elsewhere; on CUDA it runs
+the PyTorch code until a GPU has run the Triton sweeps (:data:`TRITON_BY_DEFAULT`):
+``"compiled"`` opts in there (float32, bfloat16, float16; float64 by ``"triton"``).
+``"triton"`` asks for the Triton kernels by name: on CUDA tensors of any of those dtypes and
+float64, and on CPU tensors
 under Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported: how the tests
 run them on a machine without a GPU).
 
@@ -179,9 +181,17 @@ def compiled_for(choice: str, t: torch.Tensor):
 _TRITON_AUTO = (torch.float32, torch.bfloat16, torch.float16)
 
 
+# "auto" takes the Triton sweeps on CUDA only once a GPU has run them (benchmarks/gpu_check.sh
+# with tests/test_cuda.py): until then "compiled" / "triton" opt in, and "auto" runs the
+# PyTorch steps there, which have run on an H200.
+TRITON_BY_DEFAULT = False
+
+
 def _triton_for(choice: str, t: torch.Tensor):
     from . import gpu
 
+    if choice == "auto" and not TRITON_BY_DEFAULT:
+        return None
     why = gpu.error(t.device)
     if why is None and t.dtype not in (gpu.DTYPES if choice == "triton" else _TRITON_AUTO):
         why = f"no Triton kernel for {t.dtype} under kernels={choice!r}"

@@ -4,8 +4,9 @@ code runs without them).
 
 ``python -m mgrit_gru.kernels --triton [--quick] [ARCH ...]``: compile every Triton kernel
 variant the GPU would run (GRU and LSTM; forward, adjoint and serial adjoint sweeps; held and
-blocked W_hh; float32, bfloat16, float64) ahead of time for NVIDIA compute capabilities ARCH
-(default 90: the H200), no GPU needed (Triton's own ptxas); exit 1 if any fails to compile.
+blocked W_hh; float32, bfloat16, float16, float64) ahead of time for NVIDIA compute
+capabilities ARCH (default 90: the H200), no GPU needed (Triton's own ptxas); exit 1 if any
+fails to compile.
 A blocked variant at H = 160 takes 10-15 s to compile; ``--quick`` (the test suite's) compiles
 the blocked path at small blocks instead (H = 20 in blocks of 16: the same code, in seconds)
 and leaves out float64 (which only kernels="triton" runs on a GPU)."""
@@ -40,7 +41,8 @@ def triton_aot(archs: list[int], quick: bool = False) -> int:
         return 1
     failed, hold = 0, (gpu.HOLD, gpu.BK)
     for arch in archs:
-        dtypes = (torch.float32, torch.bfloat16) + (() if quick else (torch.float64,))
+        dtypes = (torch.float32, torch.bfloat16)
+        dtypes += () if quick else (torch.float16, torch.float64)
         for dtype in dtypes:
             for H in (48, 20 if quick else 160):  # W_hh held in registers; in column blocks
                 if quick and H == 20:

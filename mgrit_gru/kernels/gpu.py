@@ -41,9 +41,14 @@ HOLD = 64  # hidden sizes up to this hold W_hh in registers; above, BK-column bl
 BK = 64
 
 
+# what triton saw when it was imported (setting the variable later changes nothing there)
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
 def interpreting() -> bool:
-    """Whether Triton runs its kernels on the CPU (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
+    """Whether Triton runs its kernels on the CPU: ``TRITON_INTERPRET=1`` when triton was
+    imported."""
+    return _INTERPRET and os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def error(device: torch.device) -> Optional[str]:
@@ -62,6 +67,12 @@ def blocks(H: int) -> tuple[int, int]:
     """``(BH, BK)``: the padded hidden size and the product's column block."""
     bh = max(16, triton.next_power_of_2(H))
     return bh, (bh if bh <= HOLD else min(BK, bh))
+
+
+def meta(t: torch.Tensor, H: int) -> dict:
+    """A launch's block sizes and product precision for hidden size ``H``, tensors like ``t``."""
+    bh, bk = blocks(H)
+    return {"BH": bh, "BK": bk, "PREC": precision(t)}
 
 
 def precision(t: torch.Tensor) -> str:

@@ -105,14 +105,17 @@ class Recurrent(nn.Module):
                 raise TypeError(
                     f"{name}: {field} should be of type int, got: {type(value).__name__}"
                 )
-            if value < 1:  # torch's words (torch accepts input_size=0; docs/limits.md)
+            if value < 1:  # torch's words
                 raise ValueError(f"{name}: {field} must be greater than zero, got {value!r}")
         if (
             not isinstance(dropout, (int, float))
             or isinstance(dropout, bool)
             or not (0.0 <= dropout <= 1.0)
         ):
-            raise ValueError(f"{name}: dropout must be a number in [0, 1], got {dropout!r}")
+            raise ValueError(
+                f"{name}: dropout should be a number in range [0, 1] representing the "
+                f"probability of an element being zeroed, got {dropout!r}"
+            )
         if dropout > 0 and num_layers == 1:  # torch's warning, word for word
             warnings.warn(
                 "dropout option adds dropout after all but last recurrent layer, so non-zero "
@@ -151,6 +154,19 @@ class Recurrent(nn.Module):
         self._all_weights = [names[i : i + per] for i in range(0, len(names), per)]
         self._init_flat_weights()  # RNNBase's: _flat_weights follows every weight
         self.reset_parameters()
+
+    def __setstate__(self, state: dict) -> None:
+        """A whole module pickled before these classes derived from torch's (2026-12-05) lacks
+        what RNNBase's ``__setstate__`` reads: filled in from its parameter names."""
+        names = state.get("_flat_weights_names", [])
+        if "_all_weights" not in state and names:
+            directions = 2 if state.get("bidirectional") else 1
+            per = len(names) // max(state.get("num_layers", 1) * directions, 1)
+            state["_all_weights"] = [names[i : i + per] for i in range(0, len(names), per)]
+        state.setdefault("mode", self._NAME)
+        state.setdefault("dropout_state", {})
+        state.setdefault("_flat_weights", [state["_parameters"].get(n) for n in names])
+        super().__setstate__(state)
 
     def _init_flat_weights(self) -> None:
         # RNNBase's where the subclass derives from it (all do); a plain list here otherwise
@@ -311,22 +327,21 @@ class Recurrent(nn.Module):
                 f"{name}: expected input of 2 (unbatched: T, {self.input_size}) or 3 dimensions "
                 f"(batched), got {x.dim()} with shape {tuple(x.shape)}"
             )
-        if x.shape[-1] != self.input_size:  # torch's words
+        param = self.weight_ih_l0
+        if not x.is_floating_point():  # a ValueError as torch's, and the TypeError it was
+            raise InputTypeError(
+                f"{name}: RNN input dtype ({x.dtype}) does not match weight dtype "
+                f"({param.dtype}): input must be a floating-point tensor; convert it, e.g. "
+                f"x.to({param.dtype})"
+            )
+        self._check_dtype("input", x, f"; convert one of them (e.g. module.to({x.dtype}))")
+        if x.shape[-1] != self.input_size:  # torch's words, after the dtype as in torch
             raise InputError(
                 f"{name}: input.size(-1) must be equal to input_size. Expected "
                 f"{self.input_size}, got {x.shape[-1]}"
             )
-        param = self.weight_ih_l0
-        if not x.is_floating_point():
-            raise TypeError(
-                f"{name}: input must be a floating-point tensor, got {x.dtype}; convert it, "
-                f"e.g. x.to({param.dtype})"
-            )
-        self._check_dtype("input", x, f"; convert one of them (e.g. module.to({x.dtype}))")
         batched = x.dim() == 3
         seq_dim = 1 if (batched and self.batch_first) else 0
-        if x.shape[seq_dim] == 0:
-            raise InputError(f"{name}: Expected sequence length to be larger than 0 in RNN")
         if not _all_finite(x):
             raise ValueError(f"{name}: input contains NaN or Inf")
         batch = x.shape[1 - seq_dim] if batched else None
@@ -368,6 +383,12 @@ class Recurrent(nn.Module):
             + ((batch,) if batch is not None else ())
             + (self.hidden_size,)
         )
+        if t.dim() != len(expected):  # torch's words
+            kind = "batched 3-D" if batch is not None else "unbatched 2-D"
+            raise InputError(
+                f"{name}: For {kind} input, hx should also be {len(expected)}-D but got "
+                f"{t.dim()}-D tensor ({label})"
+            )
         if tuple(t.shape) != expected:  # torch's words, and which state
             raise InputError(
                 f"{name}: Expected hidden{index} size {expected}, got {list(t.shape)} ({label})"
@@ -471,6 +492,8 @@ class Recurrent(nn.Module):
         x, batched, batch = self._check_input(input)
         u0 = None if hx is None else self._initial_state(hx, batch, x.device)
         self._check_device(x)
+        if x.shape[0] == 0:  # after the states' checks, as torch
+            raise InputError(f"{name}: Expected sequence length to be larger than 0 in RNN")
         T, B = x.shape[:2]
         if B == 0 or x.device.type == "meta":  # nothing to solve, or shapes only
             return self._empty_batch(x, u0, batched)
@@ -520,7 +543,10 @@ class Recurrent(nn.Module):
         out = x.new_zeros((x.shape[0], B, directions * H)) + anchor
         u_n = x.new_zeros((directions * self.num_layers, B, S)) + anchor
         self.last_stats = RunStats()
-        out = out.transpose(0, 1) if self.batch_first else out
+        if not batched:
+            out = out.squeeze(1)
+        elif self.batch_first:
+            out = out.transpose(0, 1)
         return out, self._final_state(u_n, batched)
 
     def _run(self, x: Tensor, u0: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:

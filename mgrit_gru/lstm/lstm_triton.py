@@ -159,7 +159,6 @@ def forward(x0, out, gx, w_hh, g, keep, factor, dt, pad_c, pad_lo, pad_hi, j0):
     gpu.check("lstm_forward", out, x0, gx, w_hh, g, keep, factor, dt)
     S, n, B, W = out.shape
     H = W // 2
-    BH, BK = gpu.blocks(H)
     ptrs, st = gpu.layout(x0, out, gx, g, keep, factor, dt)
     gpu.launch(
         _forward_kernel,
@@ -182,9 +181,7 @@ def forward(x0, out, gx, w_hh, g, keep, factor, dt, pad_c, pad_lo, pad_hi, j0):
         HAS_KEEP=keep is not None,
         HAS_FAC=factor is not None,
         HAS_DT=dt is not None,
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(out),
+        **gpu.meta(out, H),
     )
 
 
@@ -310,7 +307,6 @@ def adjoint(x0, out, D, C, w_hh, g):
     gpu.check("lstm_adjoint", out, x0, D, C, w_hh, g)
     S, n, B, W = out.shape
     H = W // 2
-    BH, BK = gpu.blocks(H)
     ptrs, st = gpu.layout(x0, out, D, C, g)
     gpu.launch(
         _adjoint_kernel,
@@ -324,9 +320,7 @@ def adjoint(x0, out, D, C, w_hh, g):
         B,
         H,
         HAS_G=g is not None,
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(out),
+        **gpu.meta(out, H),
     )
 
 
@@ -343,6 +337,8 @@ def _serial_adjoint_kernel(
     T,
     B,
     H,
+    s_state,
+    s_kept,
     HAS_DT: tl.constexpr,
     BR: tl.constexpr,
     BH: tl.constexpr,
@@ -361,7 +357,7 @@ def _serial_adjoint_kernel(
         W_F = load_w(w, H, H, BH, False)
         W_G = load_w(w, 2 * H, H, BH, False)
         W_O = load_w(w, 3 * H, H, BH, False)
-    p_u = points + b * W2  # the state before step k (the one after it: + B * W2)
+    p_u = points + b * W2  # the state before step k (the one after it: + s_state)
     p_k = kept + b * 4 * H
     p_f = d_out + b * W2
     p_dt = dt + b
@@ -374,7 +370,7 @@ def _serial_adjoint_kernel(
         f = tile(p_k, H, rmask, H, BH)
         gg = tile(p_k, 2 * H, rmask, H, BH)
         o = tile(p_k, 3 * H, rmask, H, BH)
-        tc = tanh(tile(p_u + B * W2, H, rmask, H, BH))
+        tc = tanh(tile(p_u + s_state, H, rmask, H, BH))
         sv = lam_c + o * (1.0 - tc * tc) * lam_h
         real = rmask == rmask  # every row steps, but for dt <= 0 (identity)
         if HAS_DT:
@@ -405,14 +401,14 @@ def _serial_adjoint_kernel(
                         load_wk(w, q * H, k0, H, BH, BK, False),
                         PREC,
                     )
-        p_f -= B * W2  # the forcing d_out[k - 1] (none at k = 0)
+        p_f -= s_state  # the forcing d_out[k - 1] (none at k = 0)
         fmask = rmask & (b * 0 + k >= 1)
         lam_h = tl.where(real2, prod, lam_h) + tile(p_f, 0, fmask, H, BH)
         lam_c = tl.where(real2, f * sv, lam_c) + tile(p_f, H, fmask, H, BH)
-        p_u -= B * W2
-        p_k -= B * 4 * H
+        p_u -= s_state  # (steps' strides come as arguments: i64 where they need it)
+        p_k -= s_kept
         p_dt -= B
-        p_d -= B * 4 * H
+        p_d -= s_kept
     put(lam0 + b * W2, 0, lam_h, rmask, H, BH)
     put(lam0 + b * W2, H, lam_c, rmask, H, BH)
 
@@ -425,7 +421,6 @@ def serial_adjoint(points, kept, d_out, d_last, dt, w_hh, d, lam0):
     if T == 0:
         lam0.copy_(d_last)
         return
-    BH, BK = gpu.blocks(H)
     last = T - 1
     gpu.launch(
         _serial_adjoint_kernel,
@@ -441,8 +436,8 @@ def serial_adjoint(points, kept, d_out, d_last, dt, w_hh, d, lam0):
         T,
         B,
         H,
+        B * 2 * H,
+        B * 4 * H,
         HAS_DT=dt is not None,
-        BH=BH,
-        BK=BK,
-        PREC=gpu.precision(points),
+        **gpu.meta(points, H),
     )
