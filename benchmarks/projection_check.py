@@ -197,9 +197,7 @@ def main() -> int:
         cycles = f"{stats.forward_iterations}/{stats.backward_iterations}"
         same_trace = same_result = "-"
         if P > 1 and key in real:
-            got = real[key]["events"]
-            want = [[list(c) for c in comparable(ev)] for ev in expand(t, P)]
-            same_trace = "yes" if all(g == w for g, w in zip(got, want)) else "NO"
+            same_trace = same_trace_text(real[key]["events"], t, P)
             same_result = _same_result(real[key], traces[key][2])
         rows.append(
             {
@@ -228,6 +226,13 @@ def main() -> int:
         r for r in rows if r["trace_equal"].startswith("NO") or r["result_equal"].startswith("NO")
     ]
     return 1 if bad else 0
+
+
+def same_trace_text(got: list, trace, P: int) -> str:
+    """ "yes" where every real rank's events (``comparable`` lists) equal one process's
+    ``trace`` expanded to ``P`` ranks, else "NO"."""
+    want = [[list(c) for c in comparable(ev)] for ev in expand(trace, P)]
+    return "yes" if all(g == w for g, w in zip(got, want)) else "NO"
 
 
 def _same_result(point: dict, step) -> str:

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import projection_check as pc  # noqa: E402
 
-from mgrit_gru.projection import LINKS, Machine, comparable, expand, machines, record, replay  # noqa: E402
+from mgrit_gru.projection import LINKS, Machine, expand, machines, record, replay  # noqa: E402
 
 CHECKPOINT = ROOT / "runs" / "trained-models" / "smnist" / "run"
 
@@ -199,8 +199,7 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             splits = real[key]["splits"]
             slowest = max(range(P), key=lambda r: sum(splits[r].values()))
             split_meas = splits[slowest]
-            want = [[list(c) for c in comparable(ev)] for ev in expand(t, P)]
-            same = "yes" if all(g == w for g, w in zip(real[key]["events"], want)) else "NO"
+            same = pc.same_trace_text(real[key]["events"], t, P)
         row = {
             "weights": kind, "T": T, "solver": solver, "ranks": P, "cfactor": cfg["cfactor"],
             "cycles": f"{stats.forward_iterations}/{stats.backward_iterations}",

@@ -364,18 +364,12 @@ class TimeComm(LocalComm):
         t = value.detach().reshape(1).to(self.device, torch.float64, copy=True)
         trace.message(trace.MAX_LAGGED, None, self.reverse)
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.tg.group, async_op=True)
+        return functools.partial(self._max_wait, work, t)
 
-        def wait() -> float:
-            start = time.perf_counter()
-            try:
-                work.wait()
-            except RuntimeError as exc:
-                raise self.tg.failed("the early exit's decision", exc) from exc
-            finally:
-                TimeComm.seconds += time.perf_counter() - start
-            return float(t.item())
-
-        return wait
+    @_exchange("the early exit's decision")
+    def _max_wait(self, work, t: Tensor) -> float:
+        work.wait()
+        return float(t.item())
 
     @_exchange("the gradient reduction")
     def sum_(self, tensor: Tensor) -> Tensor:

@@ -294,7 +294,6 @@ class _Solver:
                     new.add_(g[j])
                 change = (new - u[j + 1]).abs().max()
                 if lagged.agreed(exit_tol):
-                    lagged.finish()
                     return change
                 lagged.push(change)
                 u[j + 1].copy_(new)

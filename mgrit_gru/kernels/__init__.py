@@ -9,9 +9,8 @@ device and dtype (float32, float64 on the CPU) and the PyTorch code elsewhere; o
 the PyTorch code until a GPU has run the Triton sweeps (:data:`TRITON_BY_DEFAULT`):
 ``"compiled"`` opts in there (float32, bfloat16, float16; float64 by ``"triton"``).
 ``"triton"`` asks for the Triton kernels by name: on CUDA tensors of any of those dtypes and
-float64, and on CPU tensors
-under Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported: how the tests
-run them on a machine without a GPU).
+float64, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` before triton
+is imported: how the tests run them on a machine without a GPU).
 
 The choice, per module ``mgrit_gru.GRU(..., kernels=...)`` / ``mgrit_gru.LSTM(...)``, or for
 the whole process by the environment variable ``MGRIT_GRU_KERNELS`` (``auto``, ``compiled``,

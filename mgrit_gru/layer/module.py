@@ -149,9 +149,7 @@ class Recurrent(nn.Module):
                     name = kind + suffix
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
                     self._flat_weights_names.append(name)
-        per = len(self._flat_weights_names) // (num_layers * directions)
-        names = self._flat_weights_names
-        self._all_weights = [names[i : i + per] for i in range(0, len(names), per)]
+        self._all_weights = _grouped(self._flat_weights_names, num_layers * directions)
         self._init_flat_weights()  # RNNBase's: _flat_weights follows every weight
         self.reset_parameters()
 
@@ -161,20 +159,11 @@ class Recurrent(nn.Module):
         names = state.get("_flat_weights_names", [])
         if "_all_weights" not in state and names:
             directions = 2 if state.get("bidirectional") else 1
-            per = len(names) // max(state.get("num_layers", 1) * directions, 1)
-            state["_all_weights"] = [names[i : i + per] for i in range(0, len(names), per)]
+            state["_all_weights"] = _grouped(names, state.get("num_layers", 1) * directions)
         state.setdefault("mode", self._NAME)
         state.setdefault("dropout_state", {})
         state.setdefault("_flat_weights", [state["_parameters"].get(n) for n in names])
         super().__setstate__(state)
-
-    def _init_flat_weights(self) -> None:
-        # RNNBase's where the subclass derives from it (all do); a plain list here otherwise
-        parent = getattr(super(), "_init_flat_weights", None)
-        if parent is not None:
-            parent()
-        else:
-            self._flat_weights = [getattr(self, n, None) for n in self._flat_weights_names]
 
     @property
     def kernels(self) -> Optional[str]:
@@ -636,6 +625,12 @@ def _transformed_stats(solver: MGRIT, layer: int, direction: int, x: Tensor) -> 
         "forward", layer, bool(direction), x.shape[0], 1, 0, (), True, mgrit, mgrit,
         reason=TRANSFORMED if mgrit else None,
     )  # fmt: skip
+
+
+def _grouped(names: list[str], groups: int) -> list[list[str]]:
+    """The weight names per layer and direction (torch's ``_all_weights``)."""
+    per = len(names) // max(groups, 1)
+    return [names[i : i + per] for i in range(0, len(names), per)]
 
 
 def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:

@@ -99,24 +99,29 @@ LINKS = {
 }
 
 
+def work_category(e: Event) -> str:
+    """The critical path's category of a work event: "fine" (level 0), "serial" (a serial
+    sweep) or "coarse" (a coarser level)."""
+    return "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+
+
 @dataclass(frozen=True)
 class Device:
-    """What one rank's work costs (microseconds). ``steps``: kind -> (o, c per row at
-    H = 64) for "step", "adjoint", "fused", "sweep", "sweep_adjoint"; ``op_us``: one
-    dispatched operator outside the
-    steps; ``bulk``: kind -> (o, c per row) of the passes over a slice (missing kinds:
-    operators plus bytes); ``bytes_per_row``: what such a pass reads and writes per row at
-    H = 64; ``bandwidth_GBps``: the device memory's; ``torch``: (o, c per time step) of a
+    """What one rank's work costs (microseconds). ``steps``: kind -> (o, c per row at H = 64)
+    for "step", "adjoint", "fused", "sweep", "sweep_adjoint"; ``op_us``: one dispatched operator
+    outside the steps; ``bulk``: kind -> (o, c per row) of the passes over a slice (missing
+    kinds: operators plus bytes); ``bytes_per_row``: what such a pass reads and writes per row
+    at H = 64; ``bandwidth_GBps``: the device memory's; ``torch``: (o, c per time step) of a
     torch.nn.GRU training step at the measured batch, or None; ``max_torch_T``: the longest
     sequence torch.nn.GRU accepts there (cuDNN's limit), or None; ``steps_by_ops``: the
-    library's steps too cost their operators (a GPU, where a step is its launches), which
-    needs a trace with operators counted; ``windows``: what the host spends around events,
-    measured from timed traces: per step kind ``(o, c per row)`` per call of an
-    MGRIT sweep beyond the step itself (exit checks, kept gates), ``"map"`` ``(o, c)`` per
-    call, ``"message <kind>"`` / ``"phase <kind>"`` per event (the work between steps:
-    residuals, copies, C-relaxation), used in place of ``op_us`` where present; ``drift``:
-    a step timed now over the step table's price for it (well above 1: the machine is loaded
-    or slower than when it was calibrated, and the figures measured now are inflated)."""
+    library's steps too cost their operators (a GPU, where a step is its launches), which needs
+    a trace with operators counted; ``windows``: what the host spends around events, measured
+    from timed traces: per step kind ``(o, c per row)`` per call of an MGRIT sweep beyond the
+    step itself (exit checks, kept gates), ``"map"`` ``(o, c)`` per call, ``"message <kind>"`` /
+    ``"phase <kind>"`` per event (the work between steps: residuals, copies, C-relaxation), used
+    in place of ``op_us`` where present; ``drift``: a step timed now over the step table's price
+    for it (well above 1: the machine is loaded or slower than when it was calibrated, and the
+    figures measured now are inflated)."""
 
     name: str
     kind: str
@@ -138,7 +143,7 @@ class Device:
         """The event's category (replay's split) and modelled microseconds."""
         scale = (e.hidden / 64) ** cost.H_EXPONENT if e.hidden else 1.0
         if e.what == tr.WORK:
-            cat = "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+            cat = work_category(e)
             if e.kind == "map" and "map" in self.windows:
                 o, c = self.windows["map"]
                 return cat, e.calls * (o + c * e.rows * scale)

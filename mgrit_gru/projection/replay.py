@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from .. import trace as tr
 from ..distributed import chunk_spans, time_slices
 from ..trace import Event, Trace
-from .machines import Machine
+from .machines import Machine, work_category
 
 CATEGORIES = ("fine", "coarse", "serial", "bulk", "other", "wait", "comm")
 
@@ -99,7 +99,7 @@ def measured_split(events: list[Event]) -> dict:
     out = dict.fromkeys(CATEGORIES, 0.0)
     for e in events:
         if e.what == tr.WORK:
-            cat = "fine" if e.level == 0 else "serial" if e.level == tr.SERIAL else "coarse"
+            cat = work_category(e)
         else:
             cat = {tr.BULK: "bulk", tr.MESSAGE: "comm"}.get(e.what, "other")
         out[cat] += e.seconds
