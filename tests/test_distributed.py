@@ -146,10 +146,13 @@ def _worker(rank: int, size: int, port: int) -> None:
 
 
 LSTM_CASES = [
-    # (T, layers, bidirectional, variable lengths, MGRIT options)
-    (203, 2, True, True, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),  # secant
-    (150, 1, False, False, dict(cfactor=4, tol=1e-12, max_iters=60, coarse="frozen")),
-    (97, 1, True, True, dict(cfactor=4, levels=1)),  # serial: a pipeline over the ranks
+    # (T, layers, bidirectional, variable lengths, proj_size, MGRIT options)
+    (203, 2, True, True, 0, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),  # secant
+    (150, 1, False, False, 0, dict(cfactor=4, tol=1e-12, max_iters=60, coarse="frozen")),
+    (97, 1, True, True, 0, dict(cfactor=4, levels=1)),  # serial: a pipeline over the ranks
+    # projected: h0 enters at each sequence's first real step, on whichever rank holds it
+    (173, 2, True, True, 3, dict(cfactor=4, levels=3, tol=1e-12, max_iters=60)),
+    (61, 1, True, False, 2, dict(cfactor=4, levels=1)),
 ]
 
 
@@ -165,7 +168,7 @@ def _lstm_run(module, x, state0, wy, wh, loss_h, lengths):
         y, (hn, cn) = module(x, tuple(state))
     else:
         y, (hn, cn) = module(x, tuple(state), lengths=lengths)
-    ((y * wy).sum() + ((hn + cn) * wh).sum() * loss_h).backward()
+    ((y * wy).sum() + ((hn * wh[..., : hn.shape[-1]]).sum() + (cn * wh).sum()) * loss_h).backward()
     grads = [x.grad, state[0].grad, state[1].grad] + [p.grad for p in module.parameters()]
     return [y.detach(), hn.detach(), cn.detach()] + grads
 
@@ -173,10 +176,10 @@ def _lstm_run(module, x, state0, wy, wh, loss_h, lengths):
 def _lstm_time_parallel(tg, rank: int, size: int) -> None:
     """mgrit_gru.LSTM on a time group equals one process's and torch.nn.LSTM's (outputs, h_n,
     c_n, every gradient); each rank's trace is the expansion of one process's."""
-    for T, layers, bidir, varlen, opts in LSTM_CASES:
+    for T, layers, bidir, varlen, proj, opts in LSTM_CASES:
         torch.manual_seed(1)
         options = mgrit_gru.MGRIT(**opts, guard=mgrit_gru.Guard(cost=False))
-        kw = dict(num_layers=layers, bidirectional=bidir)
+        kw = dict(num_layers=layers, bidirectional=bidir, proj_size=proj)
         ref = torch.nn.LSTM(3, 5, **kw)
         single = mgrit_gru.LSTM.from_torch(ref, solver=options)
         multi = mgrit_gru.LSTM(3, 5, solver=options, time_group=tg, **kw)
@@ -184,10 +187,10 @@ def _lstm_time_parallel(tg, rank: int, size: int) -> None:
         D, B, m = 2 if bidir else 1, 3, options.cfactor
         x, h0, c0 = (
             torch.randn(T, B, 3),
-            torch.randn(D * layers, B, 5),
+            torch.randn(D * layers, B, proj or 5),
             torch.randn(D * layers, B, 5),
         )
-        wy, wh = torch.randn(T, B, D * 5), torch.randn(D * layers, B, 5)
+        wy, wh = torch.randn(T, B, D * (proj or 5)), torch.randn(D * layers, B, 5)
         lengths = torch.tensor([T, T // 2, T // 3]) if varlen else None
 
         with trace.record(steps=T, cfactor=m) as single_trace:

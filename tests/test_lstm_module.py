@@ -4,6 +4,7 @@ gradient (input, h0, c0, weights, biases), on shapes of several kinds; its error
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -66,7 +67,9 @@ def test_lstm_unbatched_and_defaults():
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda: mgrit_gru.LSTM(3, 4, proj_size=2), "proj_size=2 is not supported"),
+        (lambda: mgrit_gru.LSTM(3, 4, proj_size=4), "proj_size has to be smaller than hidden"),
+        (lambda: mgrit_gru.LSTM(3, 4, proj_size=-1), "proj_size should be a positive integer"),
+        (lambda: mgrit_gru.LSTM(3, 4, proj_size=2.0), "proj_size should be of type int"),
         (lambda: mgrit_gru.LSTM(3, 0), "hidden_size must be greater than zero"),
         (
             lambda: mgrit_gru.LSTM(3, 4, dropout=2.0),
@@ -82,7 +85,6 @@ def test_lstm_unbatched_and_defaults():
             "LSTM has no analogue",
         ),
         (lambda: mgrit_gru.LSTM.from_torch(torch.nn.GRU(3, 4)), "expected a torch.nn.LSTM"),
-        (lambda: mgrit_gru.LSTM.from_torch(torch.nn.LSTM(3, 4, proj_size=2)), "proj_size"),
     ],
 )
 def test_lstm_bad_construction(make, message):
@@ -337,4 +339,123 @@ def test_stopping_test_judges_h_by_its_own_size():
             y, _ = ours(x.float())
             err = (y.double() - exact).abs().max().item()
             assert ours.last_stats.forward[0].levels > 1  # MGRIT gave the result
+            assert err <= 4 * torch_err, (kernels, err, torch_err)
+
+
+PROJ_CASES = [
+    # (T, layers, bidirectional, batch_first, bias, lengths, solver)
+    (97, 1, False, False, True, False, "mgrit"),
+    (61, 2, True, True, True, True, "mgrit"),
+    (40, 3, False, False, False, False, "serial"),
+    (50, 2, True, False, True, True, "serial"),
+    (1, 1, True, False, True, False, "mgrit"),
+]
+
+
+@pytest.mark.filterwarnings("error::mgrit_gru.ConvergenceWarning")
+@pytest.mark.parametrize("kernels", ["compiled", "pytorch"])
+@pytest.mark.parametrize("T,layers,bidirectional,batch_first,bias,lengths,solver", PROJ_CASES)
+def test_projected_lstm_equals_torch(
+    T, layers, bidirectional, batch_first, bias, lengths, solver, kernels
+):
+    """proj_size > 0: outputs, (h_n, c_n) and every gradient (x, h0, c0, each weight and
+    W_hr) equal torch.nn.LSTM's to 1e-12 in float64, with MGRIT cycling (tol 1e-13) or
+    serially, padded sequences both ways; the parameters are torch's (names, shapes, order)."""
+    torch.manual_seed(0)
+    H, P = 7, 3
+    ref = torch.nn.LSTM(
+        3, H, layers, bias=bias, batch_first=batch_first, bidirectional=bidirectional,
+        proj_size=P,
+    )  # fmt: skip
+    opts = "serial" if solver == "serial" else mgrit_gru.MGRIT(cfactor=2, tol=1e-13)
+    ours = mgrit_gru.LSTM.from_torch(ref, solver=opts, kernels=kernels)
+    assert [(k, v.shape) for k, v in ours.state_dict().items()] == [
+        (k, v.shape) for k, v in ref.state_dict().items()
+    ]
+    assert ours._flat_weights_names == ref._flat_weights_names
+    assert repr(ours).startswith(repr(ref)[:-1])
+    D, B = 2 if bidirectional else 1, 4
+    x = torch.randn(B, T, 3) if batch_first else torch.randn(T, B, 3)
+    h0, c0 = torch.randn(D * layers, B, P), torch.randn(D * layers, B, H)
+    wy = torch.randn(*x.shape[:2], D * P)
+    wh, wc = torch.randn(D * layers, B, P), torch.randn(D * layers, B, H)
+    if lengths:
+        lens = torch.tensor([T, T // 2, 1, T - 3])
+        pack = partial(
+            torch.nn.utils.rnn.pack_padded_sequence, lengths=lens, batch_first=batch_first,
+            enforce_sorted=False,
+        )  # fmt: skip
+        wy = torch.randn(int(lens.sum()), D * P)
+        got = _packed_run(ours, pack(x), h0, c0, wy, wh, wc)
+        want = _packed_run(ref, pack(x), h0, c0, wy, wh, wc)
+    else:
+        got, want = _run(ours, x, h0, c0, wy, wh, wc), _run(ref, x, h0, c0, wy, wh, wc)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-12, k
+    if solver == "mgrit" and T > 1:
+        assert all(s.levels > 1 and s.iterations > 0 for s in ours.last_stats.forward)
+    back = ours.to_torch()
+    assert back.proj_size == P
+    assert all(torch.equal(a, b) for a, b in zip(back.parameters(), ref.parameters()))
+
+
+def test_projected_lstm_initial_states_and_unbatched():
+    """No hx, zero hx (left out of the input: nothing for it to add) and a zero hx that needs
+    a gradient (kept in: torch's gradient of h0 is not zero); unbatched input."""
+    torch.manual_seed(0)
+    ref = torch.nn.LSTM(3, 6, 2, proj_size=2, bidirectional=True)
+    ours = mgrit_gru.LSTM.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=2, tol=1e-13))
+    x = torch.randn(30, 5, 3)
+    zeros = (torch.zeros(4, 5, 2), torch.zeros(4, 5, 6))
+    for hx in (None, zeros):
+        for a, b in zip(ours(x, hx)[1], ref(x, hx)[1]):
+            assert (a - b).abs().max() < 1e-12
+    h0 = zeros[0].clone().requires_grad_()
+    ours(x, (h0, zeros[1]))[0].sum().backward()
+    h0_ref = zeros[0].clone().requires_grad_()
+    ref(x, (h0_ref, zeros[1]))[0].sum().backward()
+    assert h0_ref.grad.abs().max() > 0.01 and (h0.grad - h0_ref.grad).abs().max() < 1e-12
+    y, (h, c) = ours(x[:, 0], (torch.randn(4, 2), torch.randn(4, 6)))
+    assert y.shape == (30, 4) and h.shape == (4, 2) and c.shape == (4, 6)
+
+
+def test_projected_first_steps():
+    """Where h0 enters: time 0 forward; each sequence's last step in reverse (flipped), on the
+    slice of global time that holds it."""
+    from mgrit_gru.lstm.projection import first_steps
+
+    ends = torch.tensor([9, 4, 0])
+    like = torch.empty(0)
+    assert first_steps(10, 0, ends, False, like)[0].tolist() == [1, 1, 1]
+    assert first_steps(10, 0, ends, False, like)[1:].sum() == 0
+    rev = first_steps(10, 0, ends, True, like)  # flipped: step k is global time 9 - k
+    assert rev.argmax(0).tolist() == [0, 5, 9] and rev.sum() == 3
+    assert first_steps(5, 5, ends, False, like).sum() == 0  # a later slice: not here
+    later = first_steps(5, 5, ends, True, like)  # global times 5..9, flipped
+    assert later.argmax(0).tolist()[0] == 0 and later.sum() == 1
+
+
+@pytest.mark.filterwarnings("error::mgrit_gru.ConvergenceWarning")
+def test_projected_lstm_float32_mgrit_as_accurate_as_torch():
+    """float32 MGRIT to its default tolerance on a projected LSTM with longer memory (weights
+    x2, forget-gate bias +2: 4 cycles, |h| up to 1.4): its outputs h = W_hr m within 4x of the error that torch.nn.LSTM's
+    own float32 run has against the float64 answer: the stopping test on [m, c] bounds the
+    projected outputs as well."""
+    torch.manual_seed(0)
+    H, P = 32, 8
+    ref = torch.nn.LSTM(4, H, proj_size=P)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(2.0)
+        ref.bias_hh_l0[H : 2 * H] += 2.0
+    x = torch.randn(2000, 4, 4)
+    with torch.no_grad():
+        exact, _ = ref(x)
+        ref32 = copy.deepcopy(ref).float()
+        torch_err = (ref32(x.float())[0].double() - exact).abs().max().item()
+        for kernels in ("pytorch", "compiled"):
+            ours = mgrit_gru.LSTM.from_torch(ref32, solver=mgrit_gru.MGRIT(), kernels=kernels)
+            y, _ = ours(x.float())
+            err = (y.double() - exact).abs().max().item()
+            assert ours.last_stats.forward[0].levels > 1
             assert err <= 4 * torch_err, (kernels, err, torch_err)

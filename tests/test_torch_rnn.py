@@ -42,8 +42,6 @@ import mgrit_gru
 
 IMPLS = ("torch", "default", "mgrit")
 
-PROJ = "proj_size > 0 is not supported by mgrit_gru.LSTM"
-
 
 def mgrit_solver() -> mgrit_gru.MGRIT:
     """MGRIT that really cycles on short sequences, iterated to round-off."""
@@ -161,7 +159,6 @@ def test_projections_lstm_args_check(request, impl, make, case):
     """test/test_nn.py@74f2fa66 TestNN.test_projections_lstm_args_check.
 
     Adapted: each of the eight bad shapes is its own case."""
-    xfail_library(request, impl, PROJ)
     input_size, hidden_size, proj_size, num_layers, batch_size, seq_len = 3, 5, 2, 2, 4, 6
     num_directions = 1
     bad_size = 7  # prime number so that no size can divide it.
@@ -246,7 +243,6 @@ def test_projections_lstm_check_device(request, impl, make):
     """test/test_nn.py@74f2fa66 TestNN.test_projections_lstm_check_device.
 
     Adapted: runs without GPUs: 'cuda:0' is the meta device, (cuda:0, cuda:1) is (meta, cpu)."""
-    xfail_library(request, impl, PROJ)
     input_size, hidden_size, proj_size, num_layers, batch_size, seq_len = 3, 5, 2, 2, 4, 6
     num_directions = 1
     other = "meta"
@@ -281,8 +277,6 @@ def test_cudnn_forward_exception(request, impl, make, case, check):
     """test/test_nn.py@74f2fa66 TestNN.test_cudnn_forward_exception (no CUDA needed).
 
     Adapted: the RNN mode dropped; each module and each of the two checks is its own case."""
-    if case == "LSTM_proj":
-        xfail_library(request, impl, PROJ)
     if case == "LSTM":
         rnn, hidden = (
             make("LSTM", 10, 20, batch_first=True),
@@ -366,7 +360,6 @@ def test_projections_lstm_initial_hidden_state(request, impl, make, bidir):
     """test/test_nn.py@74f2fa66 TestNN.test_projections_lstm_initial_hidden_state.
 
     Adapted: bidir is a parameter; float64."""
-    xfail_library(request, impl, PROJ)
     rnn = make("LSTM", 30, 20, 2, bidirectional=bidir, proj_size=10)
     num_dirs = 2 if bidir else 1
     input = torch.randn(10, 32, 30)
@@ -550,7 +543,6 @@ def test_RNN_cpu_vs_cudnn_proj(request, impl, dropout):
 
     Adapted: the cuDNN module is the implementation under test, the CPU module torch.nn.LSTM
     (float64). The original's unused non-contiguous copy of the input is omitted."""
-    xfail_library(request, impl, PROJ)
     s = CPU_VS_CUDNN_SIZES
     input_size, hidden_size, num_layers = s["input_size"], s["hidden_size"], s["num_layers"]
     proj_size, seq_length, batch, dtype = s["proj_size"], s["seq_length"], s["batch"], torch.double
@@ -691,7 +683,6 @@ def test_variable_sequence(request, impl, make, kind, proj_size, enforce_sorted,
     Adapted: float64 (the original runs float32 on CPU), with dtype2prec's float64 precision
     (1e-5) for the parameter gradients too; the lengths case and proj_size are parameters
     (use_default_hiddens loops inside); a GRU case added (the same packed-sequence path)."""
-    xfail_library(request, impl, PROJ, when=proj_size > 0)
     dtype = torch.double
     prec = 1e-5  # dtype2prec_DONTUSE[torch.double]
 
@@ -1046,7 +1037,6 @@ def test_rnn_weight_norm(request, impl, make, kind, extra, name, num_params):
     """test/test_nn.py@74f2fa66 TestNN.test_rnn_weight_norm.
 
     Adapted: the two LSTM checks are cases; a GRU case added (the same RNNBase path)."""
-    xfail_library(request, impl, PROJ, when=bool(extra))
     l = make(kind, 32, 32, **extra)  # noqa: E741
     # This Module has 4 or 5 parameters called:
     # 'weight_ih_l0', 'weight_hh_l0', 'bias_ih_l0', 'bias_hh_l0', weight_hr_l0
@@ -1089,7 +1079,6 @@ def test_RNN_cudnn_weight_norm(request, impl, make, kind, extra, name):
 
     Adapted: the move to CUDA dropped (the weight-normed module runs on the CPU, where the
     expected output was computed); the two LSTM checks are cases; a GRU case added."""
-    xfail_library(request, impl, PROJ, when=bool(extra))
     input_size, hidden_size, num_layers, seq_length, batch = 10, 6, 2, 7, 6
     m = make(kind, input_size, hidden_size, num_layers, **extra)
 
@@ -1114,7 +1103,6 @@ def test_cudnn_weight_tying(request, impl, case):
     Adapted: CPU only, float64; each module is a case; besides the original's assertion, the
     output after the step is compared with torch.nn's (same tied weights, same step) in place of
     the CUDA-vs-CPU comparison."""
-    xfail_library(request, impl, PROJ, when=case == "LSTM_proj")
     kind = "GRU" if case == "GRU" else "LSTM"
     extra = {"proj_size": 10} if case == "LSTM_proj" else {}
     ref = getattr(nn, kind)(10, 20, batch_first=True, bidirectional=True, **extra)
@@ -1306,7 +1294,6 @@ def test_module_db_forward(request, impl, make, kind, sample):
 
     Adapted: float64 only; train mode only (the modules have no dropout)."""
     cons, shapes = sample
-    xfail_library(request, impl, PROJ, when=cons.get("proj_size", 0) > 0)
     m = make(kind, **cons)
     args = _make_inputs(shapes)
     reference_fn = (
@@ -1328,7 +1315,6 @@ def test_module_db_vs_torch(request, impl, kind, sample):
 
     Adapted: the comparison is with torch.nn.<kind> holding the same weights (float64)."""
     cons, shapes = sample
-    xfail_library(request, impl, PROJ, when=cons.get("proj_size", 0) > 0)
     ref = getattr(nn, kind)(**cons)
     mod = copy_of(impl, ref)
     inputs = _make_inputs(shapes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,7 @@ class Recurrent(nn.Module):
         solver: Union[str, MGRIT, Auto] = "auto",
         time_group=None,
         kernels: Optional[str] = None,
+        proj_size: int = 0,
     ) -> None:
         nn.Module.__init__(self)  # not RNNBase's: see the class docstring
         name = self._NAME
@@ -107,6 +108,20 @@ class Recurrent(nn.Module):
                 )
             if value < 1:  # torch's words
                 raise ValueError(f"{name}: {field} must be greater than zero, got {value!r}")
+        if not isinstance(proj_size, int) or isinstance(proj_size, bool):
+            raise TypeError(
+                f"{name}: proj_size should be of type int, got: {type(proj_size).__name__}"
+            )
+        if proj_size < 0:  # torch's words
+            raise ValueError(
+                f"{name}: proj_size should be a positive integer or zero to disable "
+                f"projections, got {proj_size}"
+            )
+        if proj_size >= hidden_size:
+            raise ValueError(
+                f"{name}: proj_size has to be smaller than hidden_size, got proj_size="
+                f"{proj_size} and hidden_size={hidden_size}"
+            )
         if (
             not isinstance(dropout, (int, float))
             or isinstance(dropout, bool)
@@ -129,22 +144,24 @@ class Recurrent(nn.Module):
         self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
         self.bidirectional = bidirectional
         # what torch's RNNBase members read (its constructor is not run)
-        self.mode, self.proj_size, self.dropout_state = name, 0, {}
+        self.mode, self.proj_size, self.dropout_state = name, proj_size, {}
         self.solver = solver
         self.time_group = time_group
         self._divergence = DivergenceMemory()  # for MGRIT(on_divergence="backoff")
         self.last_stats: Optional[RunStats] = None
         factory = {"device": device, "dtype": dtype}
         directions = 2 if bidirectional else 1
-        width = cell.gates * hidden_size
+        width, out = cell.gates * hidden_size, self._output_size
         self._flat_weights_names: list[str] = []
         for layer in range(num_layers):
-            layer_in = input_size if layer == 0 else hidden_size * directions
+            layer_in = input_size if layer == 0 else out * directions
             for direction in range(directions):
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
-                shapes = [("weight_ih", (width, layer_in)), ("weight_hh", (width, hidden_size))]
+                shapes = [("weight_ih", (width, layer_in)), ("weight_hh", (width, out))]
                 if bias:
                     shapes += [("bias_ih", (width,)), ("bias_hh", (width,))]
+                if proj_size:  # torch's order: the projection last
+                    shapes += [("weight_hr", (proj_size, hidden_size))]
                 for kind, shape in shapes:
                     name = kind + suffix
                     setattr(self, name, nn.Parameter(torch.empty(shape, **factory)))
@@ -244,6 +261,17 @@ class Recurrent(nn.Module):
         return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
 
     @property
+    def _output_size(self) -> int:
+        """Values per step and direction in the output: ``hidden_size``, or ``proj_size``."""
+        return self.proj_size or self.hidden_size
+
+    @property
+    def _state_size(self) -> int:
+        """Values per row of a layer's initial and final state as the call sees them (the
+        output's block first: the GRU's h; the LSTM's [h, c], h of ``proj_size`` values)."""
+        return self._output_size + (self._cell.state - 1) * self.hidden_size
+
+    @property
     def all_weights(self) -> list[list[nn.Parameter]]:
         """As torch's ``all_weights``: per layer and direction, its parameters."""
         return [[getattr(self, name) for name in names] for names in self._all_weights]
@@ -279,12 +307,12 @@ class Recurrent(nn.Module):
             raise TypeError(
                 f"{name}.from_torch: expected a torch.nn.{kind}, got {type(module).__name__}"
             )
-        if getattr(module, "proj_size", 0):
-            raise ValueError(f"{name}.from_torch: proj_size is not supported")
         return _copy_as(cls, module, **extra)
 
     def extra_repr(self) -> str:
         text = f"{self.input_size}, {self.hidden_size}"
+        if self.proj_size:
+            text += f", proj_size={self.proj_size}"
         if self.num_layers != 1:
             text += f", num_layers={self.num_layers}"
         for name, default in (
@@ -359,10 +387,12 @@ class Recurrent(nn.Module):
                 f"input tensor at {x.device} and parameter tensor at {param.device}"
             )
 
-    def _check_state(self, label: str, t, batch: Optional[int], device, index: str = "") -> Tensor:
+    def _check_state(
+        self, label: str, t, batch: Optional[int], device, index: str = "", size: int = 0
+    ) -> Tensor:
         """One initial-state tensor (``h0``, ``c0``: torch's ``hidden{index}``) checked
-        against torch's shape ``(D * num_layers, [B,] H)`` and the input's ``device``;
-        returned batched."""
+        against torch's shape ``(D * num_layers, [B,] size)`` (``size`` 0: the hidden size)
+        and the input's ``device``; returned batched."""
         name = self._NAME
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
@@ -370,7 +400,7 @@ class Recurrent(nn.Module):
         expected = (
             (directions * self.num_layers,)
             + ((batch,) if batch is not None else ())
-            + (self.hidden_size,)
+            + (size or self.hidden_size,)
         )
         if t.dim() != len(expected):  # torch's words
             kind = "batched 3-D" if batch is not None else "unbatched 2-D"
@@ -505,7 +535,8 @@ class Recurrent(nn.Module):
         if lengths is not None and int(lengths.min()) < steps:
             t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
             mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
-        out, u_n = self._run(x, u0, mask, tg)
+        ends = (lengths if lengths is not None else torch.full((B,), steps)) - 1
+        out, u_n = self._run(x, u0, mask, tg, ends)
         out, h_n = out.to(dtype), self._final_state(u_n.to(dtype), batched)
         if packed:
             order = sorted_indices if sorted_indices is not None else torch.arange(B)
@@ -524,7 +555,7 @@ class Recurrent(nn.Module):
         answers them: outputs ``(T, B, D * H)`` and final states, joined to the graph
         (backward runs; every gradient is zero)."""
         directions = 2 if self.bidirectional else 1
-        H, S = self.hidden_size, self._cell.state * self.hidden_size
+        H, S = self._output_size, self._state_size
         anchor = x.sum() * 0 + sum(p.sum() for p in self.parameters()) * 0
         if u0 is not None:
             anchor = anchor + u0.sum() * 0
@@ -538,15 +569,18 @@ class Recurrent(nn.Module):
             out = out.transpose(0, 1)
         return out, self._final_state(u_n, batched)
 
-    def _run(self, x: Tensor, u0: Optional[Tensor], mask, tg) -> tuple[Tensor, Tensor]:
+    def _run(
+        self, x: Tensor, u0: Optional[Tensor], mask, tg, ends: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """All layers and directions: the output ``(T, B, D * H)`` and the final states
         ``(D * num_layers, B, S)``. The reverse direction runs over the flipped padded axis:
         a sequence's padding then comes first, as identity steps (mask 0) that keep its start
-        state, so its real steps see the sequence reversed within its length, as in torch."""
+        state, so its real steps see the sequence reversed within its length, as in torch.
+        ``ends`` ``(B,)``: the global time of each sequence's last step."""
         directions = 2 if self.bidirectional else 1
-        B, H, cell = x.shape[1], self.hidden_size, self._cell
+        B = x.shape[1]
         if u0 is None:
-            u0 = x.new_zeros(directions * self.num_layers, B, cell.state * H)
+            u0 = x.new_zeros(directions * self.num_layers, B, self._state_size)
         solver = self._mgrit_options()
         if tg is None:
             solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
@@ -578,20 +612,8 @@ class Recurrent(nn.Module):
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
                 x_in, h_in = flip(layer_in), u0[layer * directions + direction]
                 m_in, where = None if mask is None else flip(mask), (layer, bool(direction))
-                if transformed:  # torch.func: plain autograd code the transforms can follow
-                    y, h_last = cell.reference_layer(x_in, h_in, w_ih, w_hh, b_ih, b_hh, m_in)
-                    record.forward.append(_transformed_stats(solver, layer, direction, x))
-                elif _unrolled(solver, tg):
-                    y, h_last = self._unrolled_layer(
-                        x_in, h_in, (w_ih, w_hh, b_ih, b_hh), solver, record, where, m_in
-                    )
-                else:
-                    y, h_last = solve_layer(
-                        x_in, h_in, w_ih, w_hh, b_ih, b_hh, cell, solver, record, where,
-                        m_in, tg, control,
-                    )  # fmt: skip
-                if y.shape[-1] != H:  # the output is the state's first block, h
-                    y = y[..., :H]
+                call = _LayerCall(solver, record, where, m_in, tg, control, transformed)
+                y, h_last = self._layer(call, x_in, h_in, (w_ih, w_hh, b_ih, b_hh), ends)
                 outs.append(flip(y))
                 h_n.append(h_last)
             layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
@@ -602,10 +624,48 @@ class Recurrent(nn.Module):
             layer_in = layer_out
         return layer_in, torch.stack(h_n)
 
+    def _layer(self, call: _LayerCall, x, h0, weights, ends: Tensor) -> tuple[Tensor, Tensor]:
+        """One layer and direction: its output ``(T, B, out)`` and final state ``(B, S)``,
+        from input ``x`` ``(T, B, .)`` and initial state ``h0`` ``(B, S)`` in this
+        direction's time order; ``ends`` as for :meth:`_run`. A subclass may solve another
+        problem for it (the projected LSTM) by :meth:`_solve`."""
+        y, h_last = self._solve(call, x, h0, *weights)
+        return y[..., : self.hidden_size], h_last  # the state's first block, h
+
+    def _solve(self, call: _LayerCall, x, h0, w_ih, w_hh, b_ih, b_hh) -> tuple[Tensor, Tensor]:
+        """The states ``(T, B, state * H)`` and the last ``(B, state * H)`` of one layer of
+        the cell, by the path this call takes: torch.func's plain autograd code, a budget's
+        unrolled cycles, or the layer solve."""
+        cell, where = self._cell, call.where
+        if call.transformed:  # torch.func: plain autograd code the transforms can follow
+            y, h_last = cell.reference_layer(x, h0, w_ih, w_hh, b_ih, b_hh, call.mask)
+            stats = _transformed_stats(call.solver, where[0], where[1], x)
+            call.record.forward.append(stats)
+            return y, h_last
+        if _unrolled(call.solver, call.tg):
+            weights = (w_ih, w_hh, b_ih, b_hh)
+            return self._unrolled_layer(x, h0, weights, call.solver, call.record, where, call.mask)
+        return solve_layer(
+            x, h0, w_ih, w_hh, b_ih, b_hh, cell, call.solver, call.record, where, call.mask,
+            call.tg, call.control,
+        )  # fmt: skip
+
     def _unrolled_layer(self, x, h0, weights, solver, record, where, mask):
         """One layer and direction differentiated through a budget's cycles
         (``Budget(gradient="unrolled")``): a subclass with ``_UNROLLED`` has it."""
         raise NotImplementedError
+
+
+class _LayerCall(NamedTuple):
+    """What one layer and direction's solve takes besides its data and weights."""
+
+    solver: MGRIT
+    record: RunStats
+    where: tuple[int, bool]  # (layer, reverse)
+    mask: Optional[Tensor]  # (T, B) in this direction's time order, or None
+    tg: object  # the call's mgrit_gru.distributed.TimeContext, or None
+    control: object  # AutoChoice, DivergenceMemory or None
+    transformed: bool  # under a torch.func transform
 
 
 HALF = (torch.float16, torch.bfloat16)
@@ -638,6 +698,8 @@ def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
     architecture, device, dtype and weights. The original warned about its dropout already:
     the copy is made quietly."""
     weight = module.weight_ih_l0
+    if getattr(module, "proj_size", 0):
+        extra["proj_size"] = module.proj_size
     arch = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

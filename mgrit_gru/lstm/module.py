@@ -8,9 +8,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from ..core.cycle import LocalComm
 from ..layer.module import Recurrent
 from ..options import MGRIT, Auto
 from .cell import LSTMCell
+from .projection import SummedGradient, first_steps, needs_h0, solve_projected
 
 
 class LSTM(Recurrent, nn.LSTM):
@@ -20,8 +22,10 @@ class LSTM(Recurrent, nn.LSTM):
     Args:
         input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
         device, dtype: as in ``torch.nn.LSTM``.
-        proj_size: must be 0: a projected LSTM (``h = W_hr (o * tanh(c))``) is refused at
-            construction; use ``torch.nn.LSTM`` for it.
+        proj_size: as in ``torch.nn.LSTM``: ``> 0`` makes the LSTM with projections
+            (``h = W_hr (o * tanh(c))`` of ``proj_size`` values; ``weight_hr_l[k]``), solved
+            as the plain LSTM on ``[o * tanh(c), c]`` with the recurrent weight ``W_hh W_hr``
+            (:mod:`mgrit_gru.lstm.projection`).
         solver: as ``mgrit_gru.GRU``'s: ``"auto"`` (default), ``"mgrit"``, ``"serial"``, an
             :class:`mgrit_gru.MGRIT` or :class:`mgrit_gru.Auto`. The coarse corrections are
             the frozen-gate and secant chunk maps (``coarse="secant"``, the default, or
@@ -31,8 +35,9 @@ class LSTM(Recurrent, nn.LSTM):
 
     Call: input ``(T, B, input_size)`` (``(B, T, ·)`` if batch_first, ``(T, input_size)``
     unbatched, or a ``PackedSequence``; or padded with ``lengths=`` ``(B,)``), ``(h0, c0)``
-    each ``(D * num_layers, B, hidden_size)``; output ``(T, B, D * hidden_size)``, ``(h_n,
-    c_n)`` like ``(h0, c0)``. ``last_stats`` as for ``mgrit_gru.GRU``.
+    each ``(D * num_layers, B, hidden_size)`` (h0's last size ``proj_size`` if it is > 0);
+    output ``(T, B, D * hidden_size)`` (``D * proj_size``), ``(h_n, c_n)`` like ``(h0,
+    c0)``. ``last_stats`` as for ``mgrit_gru.GRU``.
     """
 
     _NAME = "LSTM"
@@ -55,11 +60,6 @@ class LSTM(Recurrent, nn.LSTM):
         time_group=None,
         kernels: Optional[str] = None,
     ) -> None:
-        if proj_size != 0:
-            raise ValueError(
-                f"LSTM: proj_size={proj_size!r} is not supported (the projected LSTM's state "
-                "is not solved here); use proj_size=0 or torch.nn.LSTM"
-            )
         super().__init__(
             LSTMCell(),
             input_size,
@@ -74,8 +74,8 @@ class LSTM(Recurrent, nn.LSTM):
             solver=solver,
             time_group=time_group,
             kernels=kernels,
+            proj_size=proj_size,
         )
-        self.proj_size = 0
 
     @classmethod
     def from_torch(
@@ -94,13 +94,38 @@ class LSTM(Recurrent, nn.LSTM):
                 f"LSTM: hx must be a pair (h0, c0) of tensors, got {type(hx).__name__}"
                 + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
             )
-        h0 = self._check_state("h0", hx[0], batch, device, "[0]")
+        h0 = self._check_state("h0", hx[0], batch, device, "[0]", self._output_size)
         c0 = self._check_state("c0", hx[1], batch, device, "[1]")
         return torch.cat([h0, c0], dim=-1)
 
     def _final_state(self, u_n: Tensor, batched: bool) -> tuple[Tensor, Tensor]:
-        H = self.hidden_size
+        H = self._output_size
         h_n, c_n = u_n[..., :H], u_n[..., H:]
         if not batched:
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return h_n, c_n
+
+    def _layer(self, call, x, h0, weights, ends: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.proj_size:
+            return super()._layer(call, x, h0, weights, ends)
+        layer, reverse = call.where
+        w_hr = getattr(self, f"weight_hr_l{layer}" + ("_reverse" if reverse else ""))
+        w_hr = w_hr.to(x.dtype)
+        first = None
+        if needs_h0(h0[..., : self.proj_size], call.transformed):
+            t0 = 0 if call.tg is None else call.tg.start
+
+            def first() -> Tensor:
+                return first_steps(x.shape[0], t0, ends, reverse, x)
+
+        # one process: the identity, traced as the sum a time group would run
+        comm = LocalComm(reverse) if call.tg is None else call.tg.comm(reverse=reverse)
+
+        def summed(t: Tensor) -> Tensor:
+            return t if call.transformed else SummedGradient.apply(t, comm)
+
+        def solve(*args):
+            return self._solve(call, *args)
+
+        return solve_projected(solve, x, h0, weights, w_hr, first, summed)
+

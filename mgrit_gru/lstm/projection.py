@@ -1,0 +1,102 @@
+"""The LSTM with projections (``torch.nn.LSTM(proj_size=P)``) as a plain LSTM problem.
+
+torch's projected LSTM carries ``h`` of ``P < H`` values::
+
+    a_t = W_ih x_t + b + W_hh h_{t-1}          (W_hh: 4H x P)
+    c_t = f c_{t-1} + i g,    h_t = W_hr (o * tanh(c_t))     (W_hr: P x H)
+
+With ``m_t = o * tanh(c_t)`` (H values, ``h_t = W_hr m_t``) the recurrence reads ``a_t =
+W_ih x_t + b + (W_hh W_hr) m_{t-1}``: the plain LSTM on the state ``[m, c]`` with the
+recurrent weight ``W_hh W_hr`` (4H x H). So the layer solve, its kernels, its coarse
+corrections (the frozen-gate factor is still ``[0, f]``: ``m'`` depends on ``c'`` and the
+gates alone), its stopping tests, its adjoint and time-parallel ranks run unchanged on that
+problem, and the outputs are projected afterwards in one GEMM for all steps. Autograd takes
+the gradients of ``W_hh`` and ``W_hr`` through the product and the projection.
+
+The initial ``h0`` has no ``m0`` (``W_hr`` has no inverse): its only effect, the term
+``W_hh h0`` of the first real step's gates, enters through the input instead. The layer sees
+``x' = [x, e h0]`` and ``W_ih' = [W_ih, W_hh]``, where ``e`` is 1 at each sequence's first
+real step in this direction (time 0 forward; its last step, ``ends``, in reverse) and 0
+elsewhere, and starts from ``m0 = 0``. Where ``h0`` is zero and needs no gradient (no ``hx``,
+the usual case) the input is left as it is.
+
+Costs against torch's kernel: the recurrent product is ``4H x H`` per step where torch's is
+``4H x P`` plus the ``P x H`` projection (``4H^2`` against ``5HP`` multiply-adds: 1.6x at
+``P = H / 2``); the outputs' projection is one GEMM after the solve; an ``h0`` adds ``P``
+input columns to the input GEMM.
+
+The stopping tests judge the residual of ``[m, c]``, the state the recurrence carries (``h``
+is a fixed linear map of ``m``, not a state of its own): ``m`` lies in (-1, 1) as an
+unprojected LSTM's ``h`` does, so a tolerance means what it means there; the outputs' error is
+``W_hr`` times ``m``'s (at most its spectral norm times it, per row, in the 2-norm; about 1 at
+torch's initialisation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def first_steps(T: int, t0: int, ends: Tensor, reverse: bool, like: Tensor) -> Tensor:
+    """``e`` ``(T, B)``: 1 at each sequence's first real step among this slice's ``T`` steps
+    (global times ``t0 .. t0 + T - 1``) in this direction's order, else 0. Forward it is global
+    time 0; in reverse a sequence starts at its last step ``ends`` ``(B,)`` (global times),
+    and the slice is flipped in time."""
+    first = torch.zeros_like(ends) if not reverse else ends
+    local = first - t0
+    if reverse:
+        local = T - 1 - local
+    t = torch.arange(T).unsqueeze(1)
+    return (t == local.unsqueeze(0)).to(device=like.device, dtype=like.dtype)
+
+
+def needs_h0(h0: Tensor, always: bool) -> bool:
+    """Whether ``h0`` must enter the solve: it is nonzero or needs a gradient (``always``:
+    under a transform, which cannot branch on values)."""
+    return always or h0.requires_grad or bool(h0.any())
+
+
+def solve_projected(
+    solve: Callable[..., tuple[Tensor, Tensor]],
+    x: Tensor,
+    u0: Tensor,
+    weights: tuple,
+    w_hr: Tensor,
+    first: Optional[Callable[[], Tensor]],
+    summed: Callable[[Tensor], Tensor],
+) -> tuple[Tensor, Tensor]:
+    """One projected layer and direction: its outputs ``h`` ``(T, B, P)`` and final state
+    ``[h_n, c_n]`` ``(B, P + H)``, from ``x`` ``(T, B, I)`` and ``u0 = [h0, c0]`` ``(B, P +
+    H)``. ``solve(x, u0, w_ih, w_hh, b_ih, b_hh)`` solves a plain LSTM layer (states ``(T, B,
+    2H)``, last state ``(B, 2H)``); ``first()``: :func:`first_steps` for this call, or None
+    where ``h0`` is left out (:func:`needs_h0`); ``summed``: the identity, whose gradient is
+    summed over a time group's ranks (:class:`SummedGradient`: what a rank computes outside
+    the solve, the projection, sees only its own steps)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    P, H = w_hr.shape
+    h0, c0 = u0[..., :P], u0[..., P:]
+    if first is not None:
+        x = torch.cat([x, first().unsqueeze(-1) * summed(h0)], dim=-1)
+        w_ih = torch.cat([w_ih, w_hh], dim=1)
+    start = torch.cat([c0.new_zeros(c0.shape), c0], dim=-1)
+    states, last = solve(x, start, w_ih, w_hh @ w_hr, b_ih, b_hh)
+    w_out = summed(w_hr)
+    y = torch.matmul(states[..., :H], w_out.t())
+    return y, torch.cat([last[..., :H] @ w_out.t(), last[..., H:]], dim=-1)
+
+
+class SummedGradient(torch.autograd.Function):
+    """Identity forward; the gradient summed over a time group's ranks (``comm.sum_``)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, comm) -> Tensor:
+        ctx.comm = comm
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return ctx.comm.sum_(grad.clone(memory_format=torch.contiguous_format)), None
