@@ -89,20 +89,33 @@ def _timed(fn, device: torch.device) -> float:
 
 
 def problem(
-    T, batch, input_size, hidden, *, zbias=0.0, seed=0, dtype=None, device="cpu", model="gru"
+    T,
+    batch,
+    input_size,
+    hidden,
+    *,
+    zbias=0.0,
+    seed=0,
+    dtype=None,
+    device="cpu",
+    model="gru",
+    proj_size=0,
 ):
     """The benchmark's problem: a seeded random-init ``torch.nn.GRU`` or ``torch.nn.LSTM``
     (``model``; the GRU's z-gate or the LSTM's forget-gate biases raised by ``zbias``: long
-    memory), input ``x`` and loss weights ``w_y``, ``w_h``."""
+    memory; the LSTM with projections of ``proj_size`` values if > 0), input ``x`` and loss
+    weights ``w_y``, ``w_h``."""
     dtype = dtype or torch.float32
     torch.manual_seed(seed)
-    ref = MODELS[model][0](input_size, hidden, dtype=dtype, device=device)
+    extra = {"proj_size": proj_size} if proj_size else {}
+    ref = MODELS[model][0](input_size, hidden, dtype=dtype, device=device, **extra)
     if zbias:
         with torch.no_grad():
             ref.bias_hh_l0[hidden : 2 * hidden] += zbias
+    out = proj_size or hidden
     x = torch.randn(T, batch, input_size, dtype=dtype).to(device)
-    w_y = torch.randn(T, batch, hidden, dtype=dtype).to(device)
-    w_h = torch.randn(1, batch, hidden, dtype=dtype).to(device)
+    w_y = torch.randn(T, batch, out, dtype=dtype).to(device)
+    w_h = torch.randn(1, batch, out, dtype=dtype).to(device)
     return ref, x, w_y, w_h
 
 
@@ -201,6 +214,7 @@ def bench_one_length(T, args, settings, log=print, cols=None, rates=None) -> lis
         dtype=dtype,
         device=device,
         model=getattr(args, "model", "gru"),
+        proj_size=getattr(args, "proj_size", 0),
     )
     model = getattr(args, "model", "gru")
     ours, torch_name = MODELS[model][1], torch_module_name(model)
@@ -286,6 +300,7 @@ def _peak(row: Row, T: int, args) -> Optional[float]:
         zbias=args.zbias,
         setting=getattr(row, "spec", None),
         model=model,
+        proj_size=getattr(args, "proj_size", 0),
     )
 
 
@@ -355,6 +370,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4, help="sequences per batch (default 4)")
     p.add_argument("--input", type=int, default=32, help="input features (default 32)")
     p.add_argument("--hidden", type=int, default=64, help="hidden units (default 64)")
+    p.add_argument(
+        "--proj-size",
+        type=int,
+        default=0,
+        help="--model lstm: the LSTM with projections, h of this many values (torch.nn.LSTM's "
+        "proj_size; default 0: none)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per row (median)")
     p.add_argument(
@@ -439,7 +461,14 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     model = getattr(args, "model", "gru")
     ours = MODELS[model][1]
     ref, x, w_y, w_h = problem(
-        T, args.batch, args.input, args.hidden, zbias=args.zbias, seed=args.seed, model=model
+        T,
+        args.batch,
+        args.input,
+        args.hidden,
+        zbias=args.zbias,
+        seed=args.seed,
+        model=model,
+        proj_size=getattr(args, "proj_size", 0),
     )
     rows = [
         Row("serial", ours.from_torch(ref, solver="serial")),
@@ -519,6 +548,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     for name in ("batch", "input", "hidden", "threads", "repeats", "time_parallel"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    proj = getattr(args, "proj_size", 0)
+    if proj and (args.model != "lstm" or not 0 < proj < args.hidden):
+        raise ValueError(
+            f"--proj-size {proj}: needs --model lstm and a value below --hidden ({args.hidden})"
+        )
     if args.time_parallel > 1:
         return run_time_parallel(args)
     if any(T < 1 for T in args.T):
@@ -531,7 +565,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
     print(
         f"mgrit-gru bench: {args.model} B={args.batch} input={args.input} "
-        f"hidden={args.hidden} {args.dtype} "
+        f"hidden={args.hidden} " + (f"proj_size={proj} " if proj else "") + f"{args.dtype} "
         f"threads={torch.get_num_threads()} repeats={args.repeats} zbias={args.zbias} "
         + (f"autocast={args.autocast} " if getattr(args, "autocast", None) else "")
         + f"torch {torch.__version__} on "

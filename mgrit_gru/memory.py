@@ -46,6 +46,7 @@ def step_peak_mb(
     zbias: float = 0.0,
     setting: Optional[str] = None,
     model: str = "gru",
+    proj_size: int = 0,
 ) -> float:
     """Peak memory (MB) of one training step of ``solver`` ("torch", "serial" or "mgrit" with
     ``setting``, a spec of :func:`mgrit_gru.bench.parse_setting`), in a fresh process."""
@@ -62,6 +63,7 @@ def step_peak_mb(
         zbias=zbias,
         setting=setting,
         model=model,
+        proj_size=proj_size,
     )
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True
@@ -97,6 +99,7 @@ def _probe_main() -> None:
         dtype=dtype,
         device=device,
         model=spec.get("model", "gru"),
+        proj_size=spec.get("proj_size", 0),
     )
     ours = MODELS[spec.get("model", "gru")][1]
     x.requires_grad_()

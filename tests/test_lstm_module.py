@@ -438,9 +438,9 @@ def test_projected_first_steps():
 @pytest.mark.filterwarnings("error::mgrit_gru.ConvergenceWarning")
 def test_projected_lstm_float32_mgrit_as_accurate_as_torch():
     """float32 MGRIT to its default tolerance on a projected LSTM with longer memory (weights
-    x2, forget-gate bias +2: 4 cycles, |h| up to 1.4): its outputs h = W_hr m within 4x of the error that torch.nn.LSTM's
-    own float32 run has against the float64 answer: the stopping test on [m, c] bounds the
-    projected outputs as well."""
+    x2, forget-gate bias +2: 4 cycles, |h| up to 1.4): its outputs h = W_hr m within 4x of
+    the error that torch.nn.LSTM's own float32 run has against the float64 answer: the
+    stopping test on [m, c] bounds the projected outputs as well."""
     torch.manual_seed(0)
     H, P = 32, 8
     ref = torch.nn.LSTM(4, H, proj_size=P)

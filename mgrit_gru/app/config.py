@@ -108,6 +108,11 @@ class TrainConfig:
         "lstm",
     )
     hidden: int = _opt(64, "hidden units per recurrent layer and direction")
+    proj_size: int = _opt(
+        0,
+        "--model lstm only: each layer's output h of this many values, projected from its "
+        "hidden units (torch.nn.LSTM's proj_size; smaller than --hidden); 0: no projection",
+    )
     layers: int = _opt(1, "stacked recurrent layers")
     bidirectional: bool = _opt(False, "a second direction that reads the sequence backward")
     dropout: float = _opt(
@@ -274,6 +279,14 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{_flag(name)} must be a positive integer, got {value!r}")
+        if isinstance(self.proj_size, bool) or not isinstance(self.proj_size, int):
+            raise ValueError(f"--proj-size must be an integer, got {self.proj_size!r}")
+        if self.proj_size and self.model != "lstm":
+            raise ValueError("--proj-size is for --model lstm only (torch.nn.GRU has none)")
+        if not 0 <= self.proj_size < self.hidden:
+            raise ValueError(
+                f"--proj-size must lie in [0, --hidden) = [0, {self.hidden}), got {self.proj_size}"
+            )
         for name in ("length", "max_train", "max_test", "threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

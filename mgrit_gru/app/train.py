@@ -53,6 +53,7 @@ class Classifier(nn.Module):
         args = (features, cfg.hidden, cfg.layers)
         solver = cfg.solver_options()
         if cfg.model == "lstm":
+            shape["proj_size"] = cfg.proj_size
             rnn = LSTM(*args, **shape, solver=solver, time_group=time_group)
         else:
             rnn = GRU(*args, **shape, solver=solver, cell=cfg.cell, time_group=time_group)
@@ -66,7 +67,7 @@ class Classifier(nn.Module):
             rnn = torch_rnn
         self.rnn = rnn
         self.directions = 2 if cfg.bidirectional else 1
-        self.head = nn.Linear(cfg.hidden * self.directions, classes)
+        self.head = nn.Linear((cfg.proj_size or cfg.hidden) * self.directions, classes)
         if cfg.update_bias:  # a longer initial memory: rows H..2H, the GRU's z, the LSTM's f
             with torch.no_grad():
                 for name, p in self.rnn.named_parameters():

@@ -128,4 +128,3 @@ class LSTM(Recurrent, nn.LSTM):
             return self._solve(call, *args)
 
         return solve_projected(solve, x, h0, weights, w_hr, first, summed)
-
