@@ -502,6 +502,62 @@ def test_lstm_trains_resumes_evaluates_and_compares(tmp_path, capsys):
     assert bias == 2.0 and f.min() > 2.0 - 1 / 8**0.5 - 1e-6
 
 
+@pytest.mark.parametrize("pool", ["last", "mean"])
+def test_projected_lstm_classifier_equals_torchs_and_trains(pool, tmp_path):
+    """--model lstm --proj-size: the classifier's LSTM has torch's projection (weight_hr,
+    outputs and h_n of proj_size values, the head on them); logits and every gradient equal
+    the same classifier on torch.nn.LSTM(proj_size=...) in float64 (padded, both directions,
+    two layers); a run trains, saves weight_hr and evaluates."""
+    from conftest import tight
+
+    from mgrit_gru.app.train import Classifier
+
+    torch.set_default_dtype(torch.float64)
+    cfg = TrainConfig(
+        model="lstm", hidden=6, proj_size=3, layers=2, bidirectional=True, pool=pool,
+        solver="torch",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = Classifier(cfg, 3, 4)
+    assert isinstance(ref.rnn, torch.nn.LSTM) and ref.rnn.proj_size == 3
+    ours = Classifier(cfg.replace(solver="mgrit"), 3, 4)
+    ours.load_state_dict(ref.state_dict())
+    ours.rnn.solver = tight(cfactor=4)
+    x, y = torch.randn(5, 40, 3), torch.tensor([0, 1, 2, 3, 1])
+    lengths = torch.tensor([40, 13, 27, 1, 33])
+    grads = []
+    for model in (ref, ours):
+        logits = model(x, lengths)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        grads.append([logits, *torch.autograd.grad(loss, list(model.parameters()))])
+    for a, b in zip(*grads):
+        assert (a - b).abs().max() < 1e-10
+    torch.set_default_dtype(torch.float32)
+    run = tmp_path / "run"
+    small = {**SMALL, "model": "lstm", "proj_size": 4, "epochs": 1, "schedule": "constant"}
+    assert main(["train", *flags(small), "--out", str(run), "--no-progress"]) == 0
+    state = load_checkpoint(run)["model"]
+    assert state["rnn.weight_hr_l0"].shape == (4, SMALL["hidden"])
+    assert state["head.weight"].shape[1] == 4 * (2 if SMALL.get("bidirectional") else 1)
+    assert main(["eval", str(run)]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--proj-size", "4"], "--proj-size is for --model lstm only"),
+        (["--model", "lstm", "--proj-size", "99"], "--proj-size must lie in [0, --hidden)"),
+        (["--model", "lstm", "--proj-size", "-1"], "--proj-size must lie in [0, --hidden)"),
+    ],
+)
+def test_bad_proj_size_is_refused(extra, message, capsys, tmp_path):
+    argv = ["train", *flags({**SMALL, "model": "gru"}), *extra, "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

@@ -112,6 +112,27 @@ def test_bench_float64_errors_keep_float64_precision(tmp_path):
     assert mgrit["max_abs_y_err"] < 1e-12 and mgrit["rel_grad_err"] < 1e-12
 
 
+def test_bench_projected_lstm(tmp_path, capsys):
+    """--model lstm --proj-size: torch.nn.LSTM(proj_size=...) against the library's serial
+    solve and MGRIT, in float64 (torch's row agrees to rounding: the same problem); the
+    projection's size in the header; the memory probe builds the same problem."""
+    path = tmp_path / "proj.json"
+    argv = ["bench", "--model", "lstm", "--proj-size", "3", "--T", "64", "--batch", "2"]
+    argv += ["--input", "3", "--hidden", "8", "--repeats", "1", "--dtype", "float64"]
+    argv += ["--settings", "cfactor=8,tol=1e-12,max_iters=50", "--no-memory"]
+    assert main([*argv, "--json", str(path)]) == 0
+    assert "hidden=8 proj_size=3 float64" in capsys.readouterr().out
+    rows = {r["solver"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["torch.nn.LSTM"]["max_abs_y_err"] < 1e-13
+    assert rows["torch.nn.LSTM"]["rel_grad_err"] < 1e-12
+    mgrit = rows["mgrit(cfactor=8,tol=1e-12,max_iters=50)"]
+    assert mgrit["fwd_iters"] > 0 and mgrit["rel_grad_err"] < 1e-11
+    if memory.supported("cpu"):
+        assert memory.step_peak_mb("serial", 64, 2, 3, 8, model="lstm", proj_size=3) > 0
+    assert main(["bench", "--T", "10", "--repeats", "1", "--proj-size", "3"]) == 2
+    assert "--proj-size 3: needs --model lstm" in capsys.readouterr().err
+
+
 def test_bench_settings_name_a_budget():
     from mgrit_gru.bench import parse_setting
 
