@@ -90,6 +90,8 @@ def test_cuda_serial_beyond_cudnn_limit():
 
 def _triton_pair(model, H, dtype):
     torch.manual_seed(5)
+    if model == "lstm-proj":  # torch's projected LSTM: the plain one on [o tanh(c), c] inside
+        return torch.nn.LSTM(3, H, proj_size=H // 2, dtype=dtype).cuda(), mgrit_gru.LSTM
     ref_cls, cls = (
         (torch.nn.LSTM, mgrit_gru.LSTM) if model == "lstm" else (torch.nn.GRU, mgrit_gru.GRU)
     )
@@ -97,7 +99,7 @@ def _triton_pair(model, H, dtype):
 
 
 @pytest.mark.parametrize("H", [16, 64, 160])  # W_hh held in registers (<= 64); in blocks
-@pytest.mark.parametrize("model", ["gru", "lstm"])
+@pytest.mark.parametrize("model", ["gru", "lstm", "lstm-proj"])
 def test_cuda_triton_float64_equals_torch(model, H):
     """kernels="triton" in float64: y and every gradient against torch.nn (cuDNN, float64)
     through MGRIT run to round-off and on the library's serial loop and serial adjoint (with
