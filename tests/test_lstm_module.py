@@ -346,6 +346,7 @@ PROJ_CASES = [
     # (T, layers, bidirectional, batch_first, bias, lengths, solver)
     (97, 1, False, False, True, False, "mgrit"),
     (61, 2, True, True, True, True, "mgrit"),
+    (64, 1, True, False, True, True, "frozen"),
     (40, 3, False, False, False, False, "serial"),
     (50, 2, True, False, True, True, "serial"),
     (1, 1, True, False, True, False, "mgrit"),
@@ -359,15 +360,18 @@ def test_projected_lstm_equals_torch(
     T, layers, bidirectional, batch_first, bias, lengths, solver, kernels
 ):
     """proj_size > 0: outputs, (h_n, c_n) and every gradient (x, h0, c0, each weight and
-    W_hr) equal torch.nn.LSTM's to 1e-12 in float64, with MGRIT cycling (tol 1e-13) or
-    serially, padded sequences both ways; the parameters are torch's (names, shapes, order)."""
+    W_hr) equal torch.nn.LSTM's to 1e-12 in float64, with MGRIT cycling (tol 1e-13; the
+    secant and the frozen-gate coarse corrections) or serially, padded sequences both ways;
+    the parameters are torch's (names, shapes, order)."""
     torch.manual_seed(0)
     H, P = 7, 3
     ref = torch.nn.LSTM(
         3, H, layers, bias=bias, batch_first=batch_first, bidirectional=bidirectional,
         proj_size=P,
     )  # fmt: skip
-    opts = "serial" if solver == "serial" else mgrit_gru.MGRIT(cfactor=2, tol=1e-13)
+    coarse = "frozen" if solver == "frozen" else "secant"
+    opts = mgrit_gru.MGRIT(cfactor=2, tol=1e-13, coarse=coarse, max_iters=100)
+    opts = "serial" if solver == "serial" else opts
     ours = mgrit_gru.LSTM.from_torch(ref, solver=opts, kernels=kernels)
     assert [(k, v.shape) for k, v in ours.state_dict().items()] == [
         (k, v.shape) for k, v in ref.state_dict().items()
@@ -392,7 +396,7 @@ def test_projected_lstm_equals_torch(
         got, want = _run(ours, x, h0, c0, wy, wh, wc), _run(ref, x, h0, c0, wy, wh, wc)
     for k, (a, b) in enumerate(zip(got, want)):
         assert a.shape == b.shape and (a - b).abs().max() < 1e-12, k
-    if solver == "mgrit" and T > 1:
+    if solver != "serial" and T > 1:
         assert all(s.levels > 1 and s.iterations > 0 for s in ours.last_stats.forward)
     back = ours.to_torch()
     assert back.proj_size == P
