@@ -170,13 +170,21 @@ def gemm_gflops(rows: int, hidden: int, gates: int, dtype=torch.float32, device=
     return flops * reps / best / 1e9
 
 
-def work_gflop(row_steps_fwd, row_steps_bwd, T, B, I, H, gates) -> float:
+def work_gflop(row_steps_fwd, row_steps_bwd, T, B, I, H, gates, proj=0, library=True) -> float:
     """The flops of a training step (GFLOP): each row-step of either solve is one row of the
     recurrent GEMM (``2 H gates H``); the input gates and the gradients are four GEMMs over
     all ``T B`` rows (``W_ih x``, ``dx``, ``dW_ih``, ``dW_hh``). Elementwise work is not
-    counted: the floor is the GEMMs'."""
-    recurrent = 2.0 * gates * H * H * (row_steps_fwd + row_steps_bwd)
-    bulk = 2.0 * T * B * gates * H * (3 * I + H)
+    counted: the floor is the GEMMs'. An LSTM with projections of ``proj`` values: torch's
+    (``library`` False) multiplies ``4H x P`` and projects ``P x H`` every step, and its
+    ``dW_hr`` is one more GEMM over all rows; the library's solve multiplies ``4H x H`` and
+    projects its outputs in three GEMMs over all rows (``y``, their gradient, ``dW_hr``)."""
+    steps = row_steps_fwd + row_steps_bwd
+    if proj and not library:
+        recurrent = 2.0 * (gates * H * proj + proj * H) * steps
+        bulk = 2.0 * T * B * (gates * H * (3 * I + proj) + proj * H)
+        return (recurrent + bulk) / 1e9
+    recurrent = 2.0 * gates * H * H * steps
+    bulk = 2.0 * T * B * (gates * H * (3 * I + H) + 3 * proj * H)
     return (recurrent + bulk) / 1e9
 
 
@@ -193,7 +201,8 @@ def roofline(rec: dict, row, args, rates: dict) -> None:
         fwd = sum(s.row_steps for s in row.stats.forward)
         bwd = sum(s.row_steps for s in row.stats.backward)
         serial = all(s.levels == 1 for s in row.stats.solves)
-    gflop = work_gflop(fwd, bwd, T, B, I, H, gates)
+    proj = getattr(args, "proj_size", 0)
+    gflop = work_gflop(fwd, bwd, T, B, I, H, gates, proj, library=row.stats is not None)
     rate = rates["serial"] if serial else rates["sweep"]
     rec.update(gflop=gflop, gflops=gflop / rec["train_s"], x_floor=rec["train_s"] / (gflop / rate))
 
@@ -507,8 +516,9 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     single = statistics.median(rows[1].train)
     print(
         f"mgrit-gru bench --time-parallel {tg.size}: {model} T={T} B={args.batch} "
-        f"input={args.input} "
-        f"hidden={args.hidden} float32 threads/rank={torch.get_num_threads()} "
+        f"input={args.input} hidden={args.hidden} "
+        + (f"proj_size={args.proj_size} " if getattr(args, "proj_size", 0) else "")
+        + f"float32 threads/rank={torch.get_num_threads()} "
         f"repeats={args.repeats} zbias={args.zbias} torch {torch.__version__}"
     )
     print(

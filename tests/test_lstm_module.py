@@ -463,3 +463,25 @@ def test_projected_lstm_float32_mgrit_as_accurate_as_torch():
             err = (y.double() - exact).abs().max().item()
             assert ours.last_stats.forward[0].levels > 1
             assert err <= 4 * torch_err, (kernels, err, torch_err)
+
+
+def test_proj_size_types_and_hx_dims_as_torch():
+    """proj_size takes what torch takes (numpy integers; False is 0), refuses True and
+    non-integers; an (h0, c0) pair of the wrong dimensions is one error in torch's words."""
+    import numpy as np
+
+    assert mgrit_gru.LSTM(3, 8, proj_size=np.int64(2)).proj_size == 2
+    assert mgrit_gru.LSTM(3, 8, proj_size=False).proj_size == 0
+    for bad in (True, 2.0, "2", None):
+        with pytest.raises(TypeError, match="proj_size should be of type int"):
+            mgrit_gru.LSTM(3, 8, proj_size=bad)
+    for impl in (torch.nn.LSTM, mgrit_gru.LSTM):
+        lstm = impl(3, 8, proj_size=2)
+        with pytest.raises(
+            RuntimeError, match=r"hx and cx should also be 3-D but got \(2-D, 3-D\)"
+        ):
+            lstm(torch.zeros(5, 4, 3), (torch.zeros(1, 2), torch.zeros(1, 4, 8)))
+        with pytest.raises(
+            RuntimeError, match=r"unbatched 2-D input, hx and cx should also be 2-D"
+        ):
+            lstm(torch.zeros(5, 3), (torch.zeros(1, 1, 2), torch.zeros(1, 8)))

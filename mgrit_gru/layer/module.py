@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import warnings
 from typing import NamedTuple, Optional, Union
 
@@ -108,10 +109,7 @@ class Recurrent(nn.Module):
                 )
             if value < 1:  # torch's words
                 raise ValueError(f"{name}: {field} must be greater than zero, got {value!r}")
-        if not isinstance(proj_size, int) or isinstance(proj_size, bool):
-            raise TypeError(
-                f"{name}: proj_size should be of type int, got: {type(proj_size).__name__}"
-            )
+        proj_size = _as_size(name, "proj_size", proj_size)
         if proj_size < 0:  # torch's words
             raise ValueError(
                 f"{name}: proj_size should be a positive integer or zero to disable "
@@ -685,6 +683,15 @@ def _transformed_stats(solver: MGRIT, layer: int, direction: int, x: Tensor) -> 
         "forward", layer, bool(direction), x.shape[0], 1, 0, (), True, mgrit, mgrit,
         reason=TRANSFORMED if mgrit else None,
     )  # fmt: skip
+
+
+def _as_size(name: str, field: str, value) -> int:
+    """An integer argument as torch reads it: any integer type (numpy's too, as torch
+    takes them); ``False`` is 0, but ``True`` (1, surely not meant) and non-integers are a
+    TypeError."""
+    if value is True or isinstance(value, float) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: {field} should be of type int, got: {type(value).__name__}")
+    return operator.index(value)
 
 
 def _grouped(names: list[str], groups: int) -> list[list[str]]:

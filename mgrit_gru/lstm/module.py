@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.cycle import LocalComm
-from ..layer.module import Recurrent
+from ..layer.module import InputError, Recurrent
 from ..options import MGRIT, Auto
 from .cell import LSTMCell
 from .projection import SummedGradient, first_steps, needs_h0, solve_projected
@@ -93,6 +93,14 @@ class LSTM(Recurrent, nn.LSTM):
             raise TypeError(
                 f"LSTM: hx must be a pair (h0, c0) of tensors, got {type(hx).__name__}"
                 + (f" of length {len(hx)}" if isinstance(hx, (tuple, list)) else "")
+            )
+        dims = [t.dim() for t in hx if isinstance(t, Tensor)]
+        want = 3 if batch is not None else 2
+        if len(dims) == 2 and dims != [want, want]:  # torch's check and words for the pair
+            kind = "batched 3-D" if batch is not None else "unbatched 2-D"
+            raise InputError(
+                f"LSTM: For {kind} input, hx and cx should also be {want}-D but got "
+                f"({dims[0]}-D, {dims[1]}-D) tensors"
             )
         h0 = self._check_state("h0", hx[0], batch, device, "[0]", self._output_size)
         c0 = self._check_state("c0", hx[1], batch, device, "[1]")

@@ -28,8 +28,8 @@ input columns to the input GEMM.
 The stopping tests judge the residual of ``[m, c]``, the state the recurrence carries (``h``
 is a fixed linear map of ``m``, not a state of its own): ``m`` lies in (-1, 1) as an
 unprojected LSTM's ``h`` does, so a tolerance means what it means there; the outputs' error is
-``W_hr`` times ``m``'s (at most its spectral norm times it, per row, in the 2-norm; about 1 at
-torch's initialisation).
+``W_hr`` times ``m``'s, and as the test is relative the size of ``W_hr`` cancels (only a
+``W_hr`` that amplifies the error's directions more than ``m``'s would separate them).
 """
 
 from __future__ import annotations
