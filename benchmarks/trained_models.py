@@ -66,6 +66,15 @@ LSTM_RECIPES = {
     "acsf1-lstm": dict(
         dataset="acsf1", batch_size=10, epochs=60, keep=(0, 30, 60), **{**_LSTM, "lr": 5e-3}
     ),
+    # smnist-lstm's recipe with projections (h of 32 values from 64 cells), trained by the
+    # library's serial solve (exact; torch's CPU LSTM runs projections about 10x slower)
+    "smnist-lstm-proj": dict(
+        dataset="smnist",
+        epochs=10,
+        keep=(0, 3, 10),
+        proj_size=32,
+        **{**_LSTM, "solver_for_training": "serial"},
+    ),  # fmt: skip
 }
 # Heads other than the last state (benchmarks/loss_shapes.py): the incoming gradient is spread
 # over the steps, and the adjoint state is hundreds of times larger than any single part of it.
@@ -385,7 +394,8 @@ def main() -> None:
         nargs="+",
         default=list(RECIPES),
         choices=list(RECIPES) + list(LSTM_RECIPES),
-        help="checkpoint families: the GRUs (default) or the LSTMs (smnist-lstm acsf1-lstm)",
+        help="checkpoint families: the GRUs (default) or the LSTMs (smnist-lstm acsf1-lstm; "
+        "smnist-lstm-proj: with projections)",
     )
     p.add_argument("--cache", default="runs/trained-models", help="checkpoint folder")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
