@@ -8,11 +8,12 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
+from .. import trace
 from ..core.cycle import LocalComm
 from ..layer.module import InputError, Recurrent
 from ..options import MGRIT, Auto
 from .cell import LSTMCell
-from .projection import SummedGradient, first_steps, needs_h0, solve_projected
+from .projection import FIRST_STEP, SummedGradient, first_steps, needs_h0, solve_projected
 
 
 class LSTM(Recurrent, nn.LSTM):
@@ -119,12 +120,19 @@ class LSTM(Recurrent, nn.LSTM):
         layer, reverse = call.where
         w_hr = getattr(self, f"weight_hr_l{layer}" + ("_reverse" if reverse else ""))
         w_hr = w_hr.to(x.dtype)
-        first = None
+        entry = None
         if needs_h0(h0[..., : self.proj_size], call.transformed):
-            t0 = 0 if call.tg is None else call.tg.start
+            at_start = not reverse or call.mask is None  # every sequence starts at step 0
+            # a trace stands for time-parallel ranks (mgrit_gru.projection): it records their
+            # way, through the input
+            alone = call.tg is None and not trace.active()
+            if alone and at_start and x.shape[0] > 1:
+                entry = FIRST_STEP
+            else:
+                t0 = 0 if call.tg is None else call.tg.start
 
-            def first() -> Tensor:
-                return first_steps(x.shape[0], t0, ends, reverse, x)
+                def entry() -> Tensor:
+                    return first_steps(x.shape[0], t0, ends, reverse, x)
 
         # one process: the identity, traced as the sum a time group would run
         comm = LocalComm(reverse) if call.tg is None else call.tg.comm(reverse=reverse)
@@ -132,7 +140,9 @@ class LSTM(Recurrent, nn.LSTM):
         def summed(t: Tensor) -> Tensor:
             return t if call.transformed else SummedGradient.apply(t, comm)
 
-        def solve(*args):
-            return self._solve(call, *args)
+        def solve(*args, rest: bool = False):
+            mask = call.mask
+            here = call._replace(mask=mask[1:]) if rest and mask is not None else call
+            return self._solve(here, *args)
 
-        return solve_projected(solve, x, h0, weights, w_hr, first, summed)
+        return solve_projected(solve, x, h0, weights, w_hr, entry, summed)

@@ -13,17 +13,22 @@ gates alone), its stopping tests, its adjoint and time-parallel ranks run unchan
 problem, and the outputs are projected afterwards in one GEMM for all steps. Autograd takes
 the gradients of ``W_hh`` and ``W_hr`` through the product and the projection.
 
-The initial ``h0`` has no ``m0`` (``W_hr`` has no inverse): its only effect, the term
-``W_hh h0`` of the first real step's gates, enters through the input instead. The layer sees
-``x' = [x, e h0]`` and ``W_ih' = [W_ih, W_hh]``, where ``e`` is 1 at each sequence's first
-real step in this direction (time 0 forward; its last step, ``ends``, in reverse) and 0
-elsewhere, and starts from ``m0 = 0``. Where ``h0`` is zero and needs no gradient (no ``hx``,
-the usual case) the input is left as it is.
+The initial ``h0`` has no ``m0`` (``W_hr`` has no inverse): its only effect is the term
+``W_hh h0`` in the gates of each sequence's first real step. Where every sequence starts at
+the slice's first step (one process, forward, or reverse without lengths) that step is taken
+here in plain autograd code (:func:`first_step`) and the solve starts from its ``[m_1, c_1]``.
+Elsewhere (reverse with lengths, time-parallel ranks) the term enters through the input: the
+layer sees ``x' = [x, e h0]`` and ``W_ih' = [W_ih, W_hh]``, where ``e`` is 1 at each
+sequence's first real step in this direction (time 0 forward; its last step, ``ends``, in
+reverse) and 0 elsewhere, and starts from ``m0 = 0``. Where ``h0`` is zero and needs no
+gradient (no ``hx``, the usual case) neither is needed.
 
 Costs against torch's kernel: the recurrent product is ``4H x H`` per step where torch's is
 ``4H x P`` plus the ``P x H`` projection (``4H^2`` against ``5HP`` multiply-adds: 1.6x at
-``P = H / 2``); the outputs' projection is one GEMM after the solve; an ``h0`` adds ``P``
-input columns to the input GEMM.
+``P = H / 2``); the outputs' projection is one GEMM after the solve; an ``h0`` entering
+through the input adds ``P`` columns to the input GEMM (1.14x a training step at T = 4096,
+B = 4 and at T = 1024, B = 32 when it always did; with the first step taken apart 0.99-1.03x:
+``python benchmarks/lstm_proj_h0.py``, AMD EPYC).
 
 The stopping tests judge the residual of ``[m, c]``, the state the recurrence carries (``h``
 is a fixed linear map of ``m``, not a state of its own): ``m`` lies in (-1, 1) as an
@@ -35,10 +40,14 @@ unprojected LSTM's ``h`` does, so a tolerance means what it means there; the out
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Optional
+from typing import Union
 
 import torch
 from torch import Tensor
+
+from .cell import fold_bias
+
+FIRST_STEP = "first step"  # solve_projected's h0_entry: every sequence starts at step 0
 
 
 def first_steps(T: int, t0: int, ends: Tensor, reverse: bool, like: Tensor) -> Tensor:
@@ -60,32 +69,51 @@ def needs_h0(h0: Tensor, always: bool) -> bool:
     return always or h0.requires_grad or bool(h0.any())
 
 
+def first_step(x0: Tensor, h0: Tensor, c0: Tensor, w_ih, w_hh, b_ih, b_hh) -> Tensor:
+    """``[m_1, c_1]`` ``(B, 2H)`` of the projected LSTM's step from ``[h0, c0]`` with input
+    ``x0`` ``(B, I)``, in plain autograd code (torch's equations; ``W_hh`` of ``4H x P``)."""
+    a = x0 @ w_ih.t() + h0 @ w_hh.t()
+    bias = fold_bias(b_ih, b_hh)
+    if bias is not None:
+        a = a + bias
+    i, f, g, o = a.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c0 + torch.sigmoid(i) * torch.tanh(g)
+    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=-1)
+
+
 def solve_projected(
     solve: Callable[..., tuple[Tensor, Tensor]],
     x: Tensor,
     u0: Tensor,
     weights: tuple,
     w_hr: Tensor,
-    first: Optional[Callable[[], Tensor]],
+    h0_entry: Union[None, str, Callable[[], Tensor]],
     summed: Callable[[Tensor], Tensor],
 ) -> tuple[Tensor, Tensor]:
     """One projected layer and direction: its outputs ``h`` ``(T, B, P)`` and final state
     ``[h_n, c_n]`` ``(B, P + H)``, from ``x`` ``(T, B, I)`` and ``u0 = [h0, c0]`` ``(B, P +
-    H)``. ``solve(x, u0, w_ih, w_hh, b_ih, b_hh)`` solves a plain LSTM layer (states ``(T, B,
-    2H)``, last state ``(B, 2H)``); ``first()``: :func:`first_steps` for this call, or None
-    where ``h0`` is left out (:func:`needs_h0`); ``summed``: the identity, whose gradient is
-    summed over a time group's ranks (:class:`SummedGradient`: what a rank computes outside
-    the solve, the projection, sees only its own steps)."""
+    H)``. ``solve(x, u0, w_ih, w_hh, b_ih, b_hh, rest=False)`` solves a plain LSTM layer
+    (states ``(T, B, 2H)``, last state ``(B, 2H)``; ``rest``: the steps after the first).
+    ``h0_entry``, how ``h0`` enters: None (left out: :func:`needs_h0`), ``FIRST_STEP`` (every
+    sequence starts at step 0, taken here by :func:`first_step`; ``T > 1``), or a callable
+    giving :func:`first_steps` (through the input). ``summed``: the identity, whose gradient
+    is summed over a time group's ranks (:class:`SummedGradient`: what a rank computes
+    outside the solve, the projection, sees only its own steps)."""
     w_ih, w_hh, b_ih, b_hh = weights
     P, H = w_hr.shape
     h0, c0 = u0[..., :P], u0[..., P:]
-    if first is not None:
-        x = torch.cat([x, first().unsqueeze(-1) * summed(h0)], dim=-1)
-        w_ih = torch.cat([w_ih, w_hh], dim=1)
-    start = torch.cat([c0.new_zeros(c0.shape), c0], dim=-1)
-    states, last = solve(x, start, w_ih, w_hh @ w_hr, b_ih, b_hh)
     w_out = summed(w_hr)
-    y = torch.matmul(states[..., :H], w_out.t())
+    if h0_entry == FIRST_STEP:
+        u1 = first_step(x[0], h0, c0, w_ih, w_hh, b_ih, b_hh)
+        states, last = solve(x[1:], u1, w_ih, w_hh @ w_hr, b_ih, b_hh, rest=True)
+        y = torch.cat([(u1[..., :H] @ w_out.t()).unsqueeze(0), states[..., :H] @ w_out.t()])
+    else:
+        if h0_entry is not None:
+            x = torch.cat([x, h0_entry().unsqueeze(-1) * summed(h0)], dim=-1)
+            w_ih = torch.cat([w_ih, w_hh], dim=1)
+        start = torch.cat([c0.new_zeros(c0.shape), c0], dim=-1)
+        states, last = solve(x, start, w_ih, w_hh @ w_hr, b_ih, b_hh)
+        y = torch.matmul(states[..., :H], w_out.t())
     return y, torch.cat([last[..., :H] @ w_out.t(), last[..., H:]], dim=-1)
 
 
