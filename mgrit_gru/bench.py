@@ -119,6 +119,22 @@ def problem(
     return ref, x, w_y, w_h
 
 
+def problem_of(args: argparse.Namespace, T: int, dtype=None, device="cpu"):
+    """:func:`problem` of a bench run's arguments, at length ``T``."""
+    return problem(
+        T,
+        args.batch,
+        args.input,
+        args.hidden,
+        zbias=args.zbias,
+        seed=args.seed,
+        dtype=dtype,
+        device=device,
+        model=getattr(args, "model", "gru"),
+        proj_size=getattr(args, "proj_size", 0),
+    )
+
+
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -213,18 +229,7 @@ def _rel(a, b) -> float:
 
 def bench_one_length(T, args, settings, log=print, cols=None, rates=None) -> list[dict]:
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
-    ref, x, w_y, w_h = problem(
-        T,
-        args.batch,
-        args.input,
-        args.hidden,
-        zbias=args.zbias,
-        seed=args.seed,
-        dtype=dtype,
-        device=device,
-        model=getattr(args, "model", "gru"),
-        proj_size=getattr(args, "proj_size", 0),
-    )
+    ref, x, w_y, w_h = problem_of(args, T, dtype, device)
     model = getattr(args, "model", "gru")
     ours, torch_name = MODELS[model][1], torch_module_name(model)
     amp = AUTOCAST.get(getattr(args, "autocast", None) or "")
@@ -469,16 +474,7 @@ def run_time_parallel(args: argparse.Namespace) -> list[dict]:
     opts = time_parallel_options((args.settings or ["auto"])[0], T, args.batch, args.hidden)
     model = getattr(args, "model", "gru")
     ours = MODELS[model][1]
-    ref, x, w_y, w_h = problem(
-        T,
-        args.batch,
-        args.input,
-        args.hidden,
-        zbias=args.zbias,
-        seed=args.seed,
-        model=model,
-        proj_size=getattr(args, "proj_size", 0),
-    )
+    ref, x, w_y, w_h = problem_of(args, T)
     rows = [
         Row("serial", ours.from_torch(ref, solver="serial")),
         Row(f"{describe(opts)} 1 process", ours.from_torch(ref, solver=opts)),

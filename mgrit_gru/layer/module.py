@@ -533,8 +533,7 @@ class Recurrent(nn.Module):
         if lengths is not None and int(lengths.min()) < steps:
             t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
             mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
-        ends = (lengths if lengths is not None else torch.full((B,), steps)) - 1
-        out, u_n = self._run(x, u0, mask, tg, ends)
+        out, u_n = self._run(x, u0, mask, tg, lengths)
         out, h_n = out.to(dtype), self._final_state(u_n.to(dtype), batched)
         if packed:
             order = sorted_indices if sorted_indices is not None else torch.arange(B)
@@ -568,13 +567,13 @@ class Recurrent(nn.Module):
         return out, self._final_state(u_n, batched)
 
     def _run(
-        self, x: Tensor, u0: Optional[Tensor], mask, tg, ends: Tensor
+        self, x: Tensor, u0: Optional[Tensor], mask, tg, lengths: Optional[Tensor]
     ) -> tuple[Tensor, Tensor]:
         """All layers and directions: the output ``(T, B, D * H)`` and the final states
         ``(D * num_layers, B, S)``. The reverse direction runs over the flipped padded axis:
         a sequence's padding then comes first, as identity steps (mask 0) that keep its start
         state, so its real steps see the sequence reversed within its length, as in torch.
-        ``ends`` ``(B,)``: the global time of each sequence's last step."""
+        ``lengths`` ``(B,)``: the sequences' global lengths, or None (all of the call's)."""
         directions = 2 if self.bidirectional else 1
         B = x.shape[1]
         if u0 is None:
@@ -610,8 +609,8 @@ class Recurrent(nn.Module):
                 flip = (lambda t: t.flip(0)) if direction else (lambda t: t)
                 x_in, h_in = flip(layer_in), u0[layer * directions + direction]
                 m_in, where = None if mask is None else flip(mask), (layer, bool(direction))
-                call = _LayerCall(solver, record, where, m_in, tg, control, transformed)
-                y, h_last = self._layer(call, x_in, h_in, (w_ih, w_hh, b_ih, b_hh), ends)
+                call = _LayerCall(solver, record, where, m_in, lengths, tg, control, transformed)
+                y, h_last = self._layer(call, x_in, h_in, (w_ih, w_hh, b_ih, b_hh))
                 outs.append(flip(y))
                 h_n.append(h_last)
             layer_out = outs[0] if directions == 1 else torch.cat(outs, dim=-1)
@@ -622,11 +621,11 @@ class Recurrent(nn.Module):
             layer_in = layer_out
         return layer_in, torch.stack(h_n)
 
-    def _layer(self, call: _LayerCall, x, h0, weights, ends: Tensor) -> tuple[Tensor, Tensor]:
+    def _layer(self, call: _LayerCall, x, h0, weights) -> tuple[Tensor, Tensor]:
         """One layer and direction: its output ``(T, B, out)`` and final state ``(B, S)``,
         from input ``x`` ``(T, B, .)`` and initial state ``h0`` ``(B, S)`` in this
-        direction's time order; ``ends`` as for :meth:`_run`. A subclass may solve another
-        problem for it (the projected LSTM) by :meth:`_solve`."""
+        direction's time order. A subclass may solve another problem for it (the projected
+        LSTM) by :meth:`_solve`."""
         y, h_last = self._solve(call, x, h0, *weights)
         return y[..., : self.hidden_size], h_last  # the state's first block, h
 
@@ -661,6 +660,7 @@ class _LayerCall(NamedTuple):
     record: RunStats
     where: tuple[int, bool]  # (layer, reverse)
     mask: Optional[Tensor]  # (T, B) in this direction's time order, or None
+    lengths: Optional[Tensor]  # (B,) the sequences' global lengths, or None: all full
     tg: object  # the call's mgrit_gru.distributed.TimeContext, or None
     control: object  # AutoChoice, DivergenceMemory or None
     transformed: bool  # under a torch.func transform

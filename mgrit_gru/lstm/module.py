@@ -114,9 +114,9 @@ class LSTM(Recurrent, nn.LSTM):
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return h_n, c_n
 
-    def _layer(self, call, x, h0, weights, ends: Tensor) -> tuple[Tensor, Tensor]:
+    def _layer(self, call, x, h0, weights) -> tuple[Tensor, Tensor]:
         if not self.proj_size:
-            return super()._layer(call, x, h0, weights, ends)
+            return super()._layer(call, x, h0, weights)
         layer, reverse = call.where
         w_hr = getattr(self, f"weight_hr_l{layer}" + ("_reverse" if reverse else ""))
         w_hr = w_hr.to(x.dtype)
@@ -129,10 +129,10 @@ class LSTM(Recurrent, nn.LSTM):
             if alone and at_start and x.shape[0] > 1:
                 entry = FIRST_STEP
             else:
-                t0 = 0 if call.tg is None else call.tg.start
+                t0, steps = (0, x.shape[0]) if call.tg is None else (call.tg.start, call.tg.steps)
 
                 def entry() -> Tensor:
-                    return first_steps(x.shape[0], t0, ends, reverse, x)
+                    return first_steps(x.shape[0], t0, steps, call.lengths, reverse, x)
 
         # one process: the identity, traced as the sum a time group would run
         comm = LocalComm(reverse) if call.tg is None else call.tg.comm(reverse=reverse)

@@ -16,12 +16,12 @@ the gradients of ``W_hh`` and ``W_hr`` through the product and the projection.
 The initial ``h0`` has no ``m0`` (``W_hr`` has no inverse): its only effect is the term
 ``W_hh h0`` in the gates of each sequence's first real step. Where every sequence starts at
 the slice's first step (one process, forward, or reverse without lengths) that step is taken
-here in plain autograd code (:func:`first_step`) and the solve starts from its ``[m_1, c_1]``.
-Elsewhere (reverse with lengths, time-parallel ranks) the term enters through the input: the
-layer sees ``x' = [x, e h0]`` and ``W_ih' = [W_ih, W_hh]``, where ``e`` is 1 at each
-sequence's first real step in this direction (time 0 forward; its last step, ``ends``, in
-reverse) and 0 elsewhere, and starts from ``m0 = 0``. Where ``h0`` is zero and needs no
-gradient (no ``hx``, the usual case) neither is needed.
+here in plain autograd code (the cell's reference step) and the solve starts from its
+``[m_1, c_1]``. Elsewhere (reverse with lengths, time-parallel ranks) the term enters through
+the input: the layer sees ``x' = [x, e h0]`` and ``W_ih' = [W_ih, W_hh]``, where ``e`` is 1 at
+each sequence's first real step in this direction (time 0 forward; its last step in reverse)
+and 0 elsewhere, and starts from ``m0 = 0``. Where ``h0`` is zero and needs no gradient (no
+``hx``, the usual case) neither is needed.
 
 Costs against torch's kernel: the recurrent product is ``4H x H`` per step where torch's is
 ``4H x P`` plus the ``P x H`` projection (``4H^2`` against ``5HP`` multiply-adds: 1.6x at
@@ -40,21 +40,24 @@ unprojected LSTM's ``h`` does, so a tolerance means what it means there; the out
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from .cell import fold_bias
+from .cell import reference_layer
 
 FIRST_STEP = "first step"  # solve_projected's h0_entry: every sequence starts at step 0
 
 
-def first_steps(T: int, t0: int, ends: Tensor, reverse: bool, like: Tensor) -> Tensor:
+def first_steps(
+    T: int, t0: int, steps: int, lengths: Optional[Tensor], reverse: bool, like: Tensor
+) -> Tensor:
     """``e`` ``(T, B)``: 1 at each sequence's first real step among this slice's ``T`` steps
-    (global times ``t0 .. t0 + T - 1``) in this direction's order, else 0. Forward it is global
-    time 0; in reverse a sequence starts at its last step ``ends`` ``(B,)`` (global times),
-    and the slice is flipped in time."""
+    (global times ``t0 .. t0 + T - 1`` of ``steps``) in this direction's order, else 0.
+    Forward it is global time 0; in reverse a sequence starts at its last step (``lengths``
+    ``(B,)``, None: all ``steps`` long), and the slice is flipped in time."""
+    ends = (lengths if lengths is not None else torch.full((like.shape[1],), steps)) - 1
     first = torch.zeros_like(ends) if not reverse else ends
     local = first - t0
     if reverse:
@@ -67,18 +70,6 @@ def needs_h0(h0: Tensor, always: bool) -> bool:
     """Whether ``h0`` must enter the solve: it is nonzero or needs a gradient (``always``:
     under a transform, which cannot branch on values)."""
     return always or h0.requires_grad or bool(h0.any())
-
-
-def first_step(x0: Tensor, h0: Tensor, c0: Tensor, w_ih, w_hh, b_ih, b_hh) -> Tensor:
-    """``[m_1, c_1]`` ``(B, 2H)`` of the projected LSTM's step from ``[h0, c0]`` with input
-    ``x0`` ``(B, I)``, in plain autograd code (torch's equations; ``W_hh`` of ``4H x P``)."""
-    a = x0 @ w_ih.t() + h0 @ w_hh.t()
-    bias = fold_bias(b_ih, b_hh)
-    if bias is not None:
-        a = a + bias
-    i, f, g, o = a.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c0 + torch.sigmoid(i) * torch.tanh(g)
-    return torch.cat([torch.sigmoid(o) * torch.tanh(c), c], dim=-1)
 
 
 def solve_projected(
@@ -95,7 +86,7 @@ def solve_projected(
     H)``. ``solve(x, u0, w_ih, w_hh, b_ih, b_hh, rest=False)`` solves a plain LSTM layer
     (states ``(T, B, 2H)``, last state ``(B, 2H)``; ``rest``: the steps after the first).
     ``h0_entry``, how ``h0`` enters: None (left out: :func:`needs_h0`), ``FIRST_STEP`` (every
-    sequence starts at step 0, taken here by :func:`first_step`; ``T > 1``), or a callable
+    sequence starts at step 0, taken here in plain autograd code; ``T > 1``), or a callable
     giving :func:`first_steps` (through the input). ``summed``: the identity, whose gradient
     is summed over a time group's ranks (:class:`SummedGradient`: what a rank computes
     outside the solve, the projection, sees only its own steps)."""
@@ -103,8 +94,8 @@ def solve_projected(
     P, H = w_hr.shape
     h0, c0 = u0[..., :P], u0[..., P:]
     w_out = summed(w_hr)
-    if h0_entry == FIRST_STEP:
-        u1 = first_step(x[0], h0, c0, w_ih, w_hh, b_ih, b_hh)
+    if h0_entry == FIRST_STEP:  # torch's step from [h0, c0]: W_hh's width is h0's, P
+        _, u1 = reference_layer(x[:1], u0, w_ih, w_hh, b_ih, b_hh)
         states, last = solve(x[1:], u1, w_ih, w_hh @ w_hr, b_ih, b_hh, rest=True)
         y = torch.cat([(u1[..., :H] @ w_out.t()).unsqueeze(0), states[..., :H] @ w_out.t()])
     else:
