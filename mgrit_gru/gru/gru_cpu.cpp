@@ -20,22 +20,21 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
   const Panels<T> panels(wt.data_ptr<T>(), H, 3 * H);
   Tensor gh = at::empty({R, 3 * H}, out.options());
   Tensor stage = at::empty({R, H}, out.options());
-  std::vector<T*> ptrs;
+  std::vector<T*> ptrs(R);
   View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
   const T* bias = b_hn.defined() ? b_hn.data_ptr<T>() : nullptr;
-  for (int64_t s = 0; s < S; ++s) {
-    const View<T>& vin = s == 0 ? vx0 : vout;
-    const int64_t sin = s == 0 ? 0 : s - 1;
-    T* ghp = gh.data_ptr<T>();
-    ptrs.resize(R);
-    for (int64_t r = 0; r < R; ++r) ptrs[r] = vin.row(sin, r);
-    const int64_t j = j0 + s;
-    auto rows = [&](int64_t r0, int64_t r1) {
-      // per row: [r, z, n, gh_n] in a contiguous scratch (the kept gates' layout), then the
-      // update; each loop runs over H contiguous values and vectorises
-      std::vector<T> scratch(5 * H);
-      T* __restrict gates = scratch.data();
-      T* __restrict theta = gates + 4 * H;
+  T* ghp = gh.data_ptr<T>();
+  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+    // per row: [r, z, n, gh_n] in a contiguous scratch (the kept gates' layout), then the
+    // update; each loop runs over H contiguous values and vectorises
+    std::vector<T> scratch(5 * H);
+    T* __restrict gates = scratch.data();
+    T* __restrict theta = gates + 4 * H;
+    for (int64_t s = 0; s < S; ++s) {
+      const View<T>& vin = s == 0 ? vx0 : vout;
+      const int64_t sin = s == 0 ? 0 : s - 1;
+      const int64_t j = j0 + s;
+      rows_gemm<T>(vin, sin, r0, r1, H, wt, panels, gh, ptrs.data(), stage);
       for (int64_t r = r0; r < r1; ++r) {
         const T* h = vin.row(sin, r);
         const T* a = vgx.row(s, r);
@@ -75,11 +74,8 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
           for (int64_t k = 0; k < H; ++k) fp[k] = T(1) - theta[k];
         }
       }
-    };
-    step_rows(
-        R, H, [&](int64_t r0, int64_t r1) { panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, ghp + r0 * 3 * H); },
-        rows, [&] { rows_gemm<T>(vin, sin, R, H, wt, panels, gh, ptrs, stage); });
-  }
+    }
+  });
 }
 
 // Adjoint: out[s] = D * lam + (C * [lam, lam, lam]) @ W_hh (+ g[s]); lam_0 = x0[0].
@@ -96,10 +92,10 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
   T* wp = weighted.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
   for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
-  for (int64_t s = 0; s < S; ++s) {
-    const View<T>& vin = s == 0 ? vx0 : vout;
-    const int64_t sin = s == 0 ? 0 : s - 1;
-    auto prep = [&](int64_t r0, int64_t r1) {
+  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+    for (int64_t s = 0; s < S; ++s) {
+      const View<T>& vin = s == 0 ? vx0 : vout;
+      const int64_t sin = s == 0 ? 0 : s - 1;
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
         const T* c = vC.row(s, r);
@@ -111,8 +107,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
           wr[2 * H + k] = c[2 * H + k] * l;
         }
       }
-    };
-    auto fin = [&](int64_t r0, int64_t r1) {
+      prepared_gemm<T>(r0, r1, ptrs.data(), panels, weighted, 0, w, prod);
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
         const T* d = vD.row(s, r);
@@ -125,9 +120,8 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
           o[k] = v;
         }
       }
-    };
-    prepared_step<T>(R, H, prep, fin, ptrs.data(), panels, weighted, w, prod);
-  }
+    }
+  });
 }
 
 static Tensor opt(const c10::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
@@ -208,10 +202,11 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
   T* GX = d_gx.data_ptr<T>();
   T* GH = d_gh.data_ptr<T>();
   std::vector<T*> ptrs(B);
-  for (int64_t k = Tn - 1; k >= 0; --k) {
-    // rows [b0, b1): the coefficients, the gate gradients and D lam
-    auto coeffs = [&](int64_t b0, int64_t b1) {
-      std::vector<T> scratch(4 * H);
+  const Tensor rows = d_gh.view({Tn * B, 3 * H});
+  over_blocks(B, B * Tn * H, [&](int64_t b0, int64_t b1) {
+    std::vector<T> scratch(4 * H);
+    for (int64_t k = Tn - 1; k >= 0; --k) {
+      // rows [b0, b1): the coefficients, the gate gradients and D lam
       for (int64_t b = b0; b < b1; ++b) {
         const T* h = P + (k * B + b) * H;
         const T* kr = K + (k * B + b) * 4 * H;
@@ -236,13 +231,11 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
         for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
         ptrs[b] = gh;
       }
-    };
-    const T* f = k >= 1 ? F + (k - 1) * B * H : nullptr;
-    auto combine = [&](int64_t b0, int64_t b1) {
+      prepared_gemm<T>(b0, b1, ptrs.data(), panels, rows, k * B, w, state.prod);
+      const T* f = k >= 1 ? F + (k - 1) * B * H : nullptr;
       for (int64_t i = b0 * H; i < b1 * H; ++i) L[i] = N[i] + PR[i] + (f ? f[i] : T(0));
-    };
-    prepared_step<T>(B, H, coeffs, combine, ptrs.data(), panels, d_gh.select(0, k), w, state.prod);
-  }
+    }
+  });
   lam0.copy_(state.lam);
 }
 

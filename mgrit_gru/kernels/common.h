@@ -1,8 +1,10 @@
 // Shared pieces of the compiled CPU sweeps (mgrit_gru/gru/cpu.cpp, mgrit_gru/lstm/cpu.cpp).
 //
-// A sweep runs steps j0 .. j0 + S - 1 of every chunk in one call: per step one GEMM (our own
-// loop for a few rows, where ATen's call costs more than its arithmetic; ATen's GEMM for
-// many), then one loop over the rows that does the whole step's gate math. Tensors arrive as
+// A sweep runs steps j0 .. j0 + S - 1 of every chunk in one call, over blocks of rows (a row
+// is one chunk's sequence) that each go through all S steps (over_blocks: one parallel region
+// per sweep, no barrier between steps): per step and block one GEMM (our own loop for a few
+// rows, where ATen's call costs more than its arithmetic; ATen's GEMM for many), then one loop
+// over the block's rows that does the whole step's gate math. Tensors arrive as
 // (S, n, B, W) views with any strides but a contiguous last axis; a row is (chunk, batch).
 #pragma once
 
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -145,15 +148,18 @@ static void panel_gemm(T* const* a, int64_t R, const Panels<T>& P, T* out) {
   }
 }
 
-// out (R, N) = rows (R, K) @ w (K, N): the panel GEMM for few rows (packed in `panels`), else
-// ATen's GEMM on a matrix of the rows (a copy where the rows are not one strided matrix).
+// Rows [r0, r1) of out (R, N) = rows (R, K) @ w (K, N), the rows read from step s of `v`
+// (`ptrs`, indexed by row, gets their addresses): the panel GEMM for few rows (packed in
+// `panels`), else ATen's GEMM on a matrix of the rows (a copy into the same rows of `stage`
+// where they are not one strided matrix). Inside a sweep's parallel region ATen's GEMM runs on
+// the calling thread alone.
 template <typename T>
-static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const Tensor& w, const Panels<T>& panels,
-                      Tensor& out, std::vector<T*>& ptrs, Tensor& stage) {
-  ptrs.resize(R);
-  for (int64_t r = 0; r < R; ++r) ptrs[r] = v.row(s, r);
-  if (R <= SMALL_ROWS) {
-    panel_gemm<T>(ptrs.data(), R, panels, out.data_ptr<T>());
+static void rows_gemm(const View<T>& v, int64_t s, int64_t r0, int64_t r1, int64_t K, const Tensor& w,
+                      const Panels<T>& panels, Tensor& out, T** ptrs, Tensor& stage) {
+  const int64_t Rb = r1 - r0;
+  for (int64_t r = r0; r < r1; ++r) ptrs[r] = v.row(s, r);
+  if (Rb <= SMALL_ROWS) {
+    panel_gemm<T>(ptrs + r0, Rb, panels, out.data_ptr<T>() + r0 * panels.N);
     return;
   }
   // one matrix when row r sits at r * stride (chunks of B rows laid out evenly)
@@ -161,67 +167,58 @@ static void rows_gemm(const View<T>& v, int64_t s, int64_t R, int64_t K, const T
   int64_t stride = v.B == 1 ? v.sc : v.sb;
   Tensor mat;
   if (even) {
-    mat = at::from_blob(ptrs[0], {R, K}, {stride, 1}, out.options());
+    mat = at::from_blob(ptrs[r0], {Rb, K}, {stride, 1}, out.options());
   } else {
     T* dst = stage.data_ptr<T>();
-    for (int64_t r = 0; r < R; ++r) std::memcpy(dst + r * K, ptrs[r], sizeof(T) * K);
-    mat = stage;
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(dst + r * K, ptrs[r], sizeof(T) * K);
+    mat = stage.narrow(0, r0, Rb);
   }
-  at::mm_out(out, mat, w);
+  Tensor part = out.narrow(0, r0, Rb);
+  at::mm_out(part, mat, w);
 }
 
-// f(r0, r1) over the R rows of a step: shared among torch's threads where there is enough work.
-template <typename F>
-inline void over_rows(int64_t R, int64_t H, F&& f) {
-  if (R * H >= 32768)
-    at::parallel_for(0, R, 16, f);
-  else
-    f(0, R);
-}
-
-// One step over R rows. Few rows (R <= SMALL_ROWS): blocks of four rows, each through
-// `gemm(r0, r1)` (the own panel GEMM of those rows, after whatever they need first) and
-// `math(r0, r1)`, the blocks shared among torch's threads where there is enough work (a
-// block needs nothing of another, so no thread waits within the step). Many rows: `big()`
-// (ATen's GEMM over all rows, threaded by it), then `math` over the threads.
-template <typename G, typename M, typename Big>
-inline void step_rows(int64_t R, int64_t H, G&& gemm, M&& math, Big&& big) {
-  if (R <= SMALL_ROWS) {
-    const int64_t blocks = (R + 3) / 4;
-    auto run = [&](int64_t b0, int64_t b1) {
-      const int64_t r0 = b0 * 4, r1 = std::min(R, b1 * 4);
-      gemm(r0, r1);
-      math(r0, r1);
-    };
-    if (blocks >= 2 && R * H >= 1024 && at::get_num_threads() > 1)
-      at::parallel_for(0, blocks, 1, run);
-    else
-      run(0, blocks);
+// Rows [r0, r1) of prod (R, N) = rows (R, K) @ w, the rows already written (`ptrs` point at
+// them for the panel GEMM; `rows` holds them as one matrix for ATen's, from its row `first`).
+template <typename T>
+static void prepared_gemm(int64_t r0, int64_t r1, T* const* ptrs, const Panels<T>& panels, const Tensor& rows,
+                          int64_t first, const Tensor& w, Tensor& prod) {
+  const int64_t Rb = r1 - r0;
+  if (Rb <= SMALL_ROWS) {
+    panel_gemm<T>(ptrs + r0, Rb, panels, prod.data_ptr<T>() + r0 * panels.N);
     return;
   }
-  big();
-  over_rows(R, H, math);
+  Tensor part = prod.narrow(0, r0, Rb);
+  at::mm_out(part, rows.narrow(0, first + r0, Rb), w);
 }
 
-// A step whose GEMM multiplies rows that `prep(r0, r1)` writes first (an adjoint's weighted
-// rows, a serial adjoint's gate gradients): `ptrs` point at them for the panel GEMM, `rows`
-// (R, K) holds them as one matrix for ATen's; the product (R, N) goes to `prod`, then
-// `fin(r0, r1)` finishes the rows.
-template <typename T, typename P, typename F>
-inline void prepared_step(int64_t R, int64_t H, P&& prep, F&& fin, T* const* ptrs, const Panels<T>& panels,
-                          const Tensor& rows, const Tensor& w, Tensor& prod) {
-  T* out = prod.data_ptr<T>();
-  step_rows(
-      R, H,
-      [&](int64_t r0, int64_t r1) {
-        prep(r0, r1);
-        panel_gemm<T>(ptrs + r0, r1 - r0, panels, out + r0 * panels.N);
-      },
-      fin,
-      [&] {
-        over_rows(R, H, prep);
-        at::mm_out(prod, rows, w);
-      });
+// A sweep's rows in blocks: at most BLOCK_ROWS, whole groups of four (the panel GEMM's). A
+// block runs all of the sweep's steps before the next block starts: its states and gates stay
+// in the core's cache from step to step.
+constexpr int64_t BLOCK_ROWS = 256;
+// Work (rows x steps x hidden) below which a sweep stays on one thread: a parallel region costs
+// some microseconds to open, a step of a few rows less than that.
+constexpr int64_t PARALLEL_WORK = 1 << 16;
+
+// block(r0, r1) over the R rows of a sweep whose `work` is rows x steps x hidden. Rows of a
+// sweep need nothing of each other (every chunk and sequence advances on its own), so with
+// several threads the sweep opens ONE parallel region: each thread takes blocks one after
+// another from a shared counter and runs every step of each; no thread waits for another
+// between steps, and a thread the OS deschedules holds up only the block it has, not every
+// step. About four blocks per thread, so that the others take over a slow thread's share.
+template <typename F>
+inline void over_blocks(int64_t R, int64_t work, F&& block) {
+  const int64_t threads = (work >= PARALLEL_WORK && R >= 8) ? at::get_num_threads() : 1;
+  int64_t per = std::min<int64_t>(BLOCK_ROWS, (R + 4 * threads - 1) / (4 * threads));
+  per = std::max<int64_t>(4, (per + 3) / 4 * 4);
+  const int64_t blocks = (R + per - 1) / per;
+  if (threads <= 1 || blocks <= 1 || at::in_parallel_region()) {
+    for (int64_t b = 0; b < blocks; ++b) block(b * per, std::min(R, (b + 1) * per));
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(threads, blocks), 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) block(b * per, std::min(R, (b + 1) * per));
+  });
 }
 
 // What a serial adjoint in one call carries from step to step: lam (B, W), the direct part of

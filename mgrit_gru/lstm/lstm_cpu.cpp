@@ -20,21 +20,20 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
   const Panels<T> panels(wt.data_ptr<T>(), H, 4 * H);
   Tensor pre = at::empty({R, 4 * H}, out.options());
   Tensor stage = at::empty({R, H}, out.options());
-  std::vector<T*> ptrs;
+  std::vector<T*> ptrs(R);
   View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
-  for (int64_t s = 0; s < S; ++s) {
-    const View<T>& vin = s == 0 ? vx0 : vout;
-    const int64_t sin = s == 0 ? 0 : s - 1;
-    T* pp = pre.data_ptr<T>();
-    ptrs.resize(R);
-    for (int64_t r = 0; r < R; ++r) ptrs[r] = vin.row(sin, r);  // the GEMM reads h: a row's first H
-    const int64_t j = j0 + s;
-    auto rows = [&](int64_t r0, int64_t r1) {
-      // per row: the activated gates [i, f, g, o] in a contiguous scratch (the kept gates'
-      // layout), then the update; each loop runs over contiguous values and vectorises
-      std::vector<T> scratch(5 * H);
-      T* __restrict gates = scratch.data();
-      T* __restrict tc = gates + 4 * H;
+  T* pp = pre.data_ptr<T>();
+  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+    // per row: the activated gates [i, f, g, o] in a contiguous scratch (the kept gates'
+    // layout), then the update; each loop runs over contiguous values and vectorises
+    std::vector<T> scratch(5 * H);
+    T* __restrict gates = scratch.data();
+    T* __restrict tc = gates + 4 * H;
+    for (int64_t s = 0; s < S; ++s) {
+      const View<T>& vin = s == 0 ? vx0 : vout;
+      const int64_t sin = s == 0 ? 0 : s - 1;
+      const int64_t j = j0 + s;
+      rows_gemm<T>(vin, sin, r0, r1, H, wt, panels, pre, ptrs.data(), stage);  // reads h: a row's first H
       for (int64_t r = r0; r < r1; ++r) {
         const T* u = vin.row(sin, r);
         const T* a = vgx.row(s, r);
@@ -68,11 +67,8 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
         }
         if (vkeep.defined()) std::memcpy(vkeep.row(s, r), gates, sizeof(T) * 4 * H);
       }
-    };
-    step_rows(
-        R, H, [&](int64_t r0, int64_t r1) { panel_gemm<T>(ptrs.data() + r0, r1 - r0, panels, pp + r0 * 4 * H); },
-        rows, [&] { rows_gemm<T>(vin, sin, R, H, wt, panels, pre, ptrs, stage); });
-  }
+    }
+  });
 }
 
 // Adjoint: with lam = [lam_h, lam_c], C = [A, C_i, C_f, C_g, C_o], D = [D_h, D_c]:
@@ -91,10 +87,10 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
   T* dp = d.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
   for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
-  for (int64_t s = 0; s < S; ++s) {
-    const View<T>& vin = s == 0 ? vx0 : vout;
-    const int64_t sin = s == 0 ? 0 : s - 1;
-    auto prep = [&](int64_t r0, int64_t r1) {
+  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+    for (int64_t s = 0; s < S; ++s) {
+      const View<T>& vin = s == 0 ? vx0 : vout;
+      const int64_t sin = s == 0 ? 0 : s - 1;
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
         const T* c = vC.row(s, r);
@@ -108,8 +104,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
           dr[3 * H + k] = c[4 * H + k] * lh;
         }
       }
-    };
-    auto fin = [&](int64_t r0, int64_t r1) {
+      prepared_gemm<T>(r0, r1, ptrs.data(), panels, d, 0, w, prod);
       for (int64_t r = r0; r < r1; ++r) {
         const T* lam = vin.row(sin, r);
         const T* c = vC.row(s, r);
@@ -130,9 +125,8 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
           o[H + k] = vc;
         }
       }
-    };
-    prepared_step<T>(R, H, prep, fin, ptrs.data(), panels, d, w, prod);
-  }
+    }
+  });
 }
 
 static Tensor opt_(const c10::optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); }
@@ -180,10 +174,11 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
   const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
   T* G = d.data_ptr<T>();
   std::vector<T*> ptrs(B);
-  for (int64_t k = Tn - 1; k >= 0; --k) {
-    // rows [b0, b1): the gate gradients d and the direct part of the new lam
-    auto grads = [&](int64_t b0, int64_t b1) {
-      std::vector<T> scratch(H);
+  const Tensor rows = d.view({Tn * B, 4 * H});
+  over_blocks(B, B * Tn * H, [&](int64_t b0, int64_t b1) {
+    std::vector<T> scratch(H);
+    for (int64_t k = Tn - 1; k >= 0; --k) {
+      // rows [b0, b1): the gate gradients d and the direct part of the new lam
       for (int64_t b = b0; b < b1; ++b) {
         const T* c = P + (k * B + b) * W + H;
         const T* cn = P + ((k + 1) * B + b) * W + H;
@@ -213,9 +208,8 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
           nb[H + j] = fg[j] * sv;
         }
       }
-    };
-    const T* f = k >= 1 ? F + (k - 1) * B * W : nullptr;
-    auto combine = [&](int64_t b0, int64_t b1) {
+      prepared_gemm<T>(b0, b1, ptrs.data(), panels, rows, k * B, w, state.prod);
+      const T* f = k >= 1 ? F + (k - 1) * B * W : nullptr;
       for (int64_t b = b0; b < b1; ++b) {
         T* lb = L + b * W;
         const T* nb = N + b * W;
@@ -225,9 +219,8 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
         for (int64_t j = 0; j < H; ++j) lb[j] = nb[j] + (identity ? T(0) : pb[j]) + (fb ? fb[j] : T(0));
         for (int64_t j = H; j < W; ++j) lb[j] = nb[j] + (fb ? fb[j] : T(0));
       }
-    };
-    prepared_step<T>(B, H, grads, combine, ptrs.data(), panels, d.select(0, k), w, state.prod);
-  }
+    }
+  });
   lam0.copy_(state.lam);
 }
 

@@ -12,14 +12,14 @@ from .. import trace as tr
 from ..module import GRU
 from ..options import MGRIT, Budget, auto_cfactor
 
-SOLVERS = ("serial", "mgrit", "budget", "torch")
+SOLVERS = ("serial", "auto", "mgrit", "budget", "torch")
 
 
 def options(solver: str, cfactor: Optional[int]):
     """The ``solver=`` of a named solver: "mgrit" (defaults: to the tolerance), "budget"
-    (``Budget()``: 2 forward / 1 adjoint cycles), "serial"."""
-    if solver == "serial":
-        return "serial"
+    (``Budget()``: 2 forward / 1 adjoint cycles), "serial", "auto" (the default choice)."""
+    if solver in ("serial", "auto"):
+        return solver
     base = MGRIT() if cfactor is None else MGRIT(cfactor=cfactor)
     if solver == "mgrit":
         return base

@@ -1,0 +1,206 @@
+"""MGRIT on the cores of one process: a GRU training step at 1..N threads, against the serial
+solve at the same thread count, with where the time went.
+
+    python benchmarks/threads.py [--threads 1 2] [--batch 1 4 16 32] [--T 4096 16384 65536]
+        [--solvers serial auto mgrit budget] [--weights random trained] [--checkpoint RUN]
+        [--busy none loop] [--repeats 3] [--json FILE] [--dry-run]
+
+Per (weights, T, B), every solver's training step (forward and backward of a per-step loss
+plus ``h_n``, input 32, hidden 64 on random weights; the checkpoint's sizes on trained ones) is
+timed at each thread count, the solvers and thread counts interleaved round by round, the least
+of ``--repeats`` rounds. Printed per row: milliseconds, the step at 1 thread over the step at
+P threads (``speed-up``) and that over P (``efficiency``), the solver over the serial solve at
+the same thread count (``vs serial``), W (the solver's one-thread step over the serial
+solve's: the work MGRIT does in serial-solve units), the cycles, and for the MGRIT rows the
+split of a timed trace at that thread count: fine sweeps, coarse levels, passes over the
+whole sequence (bulk), the rest (other: operators between sweeps, host checks).
+
+``--busy loop``: a second process spins on one core throughout (a data loader, the test suite,
+a neighbour's job): the rows then say what a thread descheduled by the OS costs. ``--busy none
+loop`` runs both. Time only on an otherwise idle machine. ``trained``: the main job's
+checkpoint (``runs/trained-models/smnist/run`` by default, made by ``python
+benchmarks/trained_models.py``, or any ``mgrit-gru train`` run folder), its training sequences
+joined end to end up to T. ``--dry-run``: T = 512, B = 2, threads 1 and 2, one round (the test
+suite runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mgrit_gru import trace  # noqa: E402
+from mgrit_gru.cost import cpu_name  # noqa: E402
+from mgrit_gru.projection import record  # noqa: E402
+from mgrit_gru.projection.replay import measured_split  # noqa: E402
+
+CHECKPOINT = ROOT / "runs" / "trained-models" / "smnist" / "run"
+SOLVERS = ("serial", "auto", "mgrit", "budget")
+
+
+@contextlib.contextmanager
+def busy(kind: str):
+    """``kind="loop"``: a process spinning on one core while the block runs."""
+    if kind == "none":
+        yield
+        return
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        yield
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def steps_for(weights: str, T: int, B: int, solvers, args) -> dict:
+    """One training-step function per solver, all on the same weights and inputs."""
+    w = inputs = None
+    inp, hidden = args.input, args.hidden
+    if weights == "trained":
+        w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, T, B)
+    return {
+        s: record.training_step(T, B, inp, hidden, s, None, 1, w, inputs, seed=args.seed)
+        for s in solvers
+    }
+
+
+def timed_split(step) -> dict:
+    with trace.record(timed=True) as t:
+        step()
+    split = measured_split(t.events)
+    return {k: round(1e3 * v, 2) for k, v in split.items() if v > 0}
+
+
+def measure(weights, T, B, args, load: str) -> list[dict]:
+    steps = steps_for(weights, T, B, args.solvers, args)
+    best: dict = {}
+    with busy(load):
+        for threads in args.threads:  # warm every path at every thread count
+            torch.set_num_threads(threads)
+            for step in steps.values():
+                step()
+        for _ in range(args.repeats):
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for name, step in steps.items():
+                    start = time.perf_counter()
+                    module = step()
+                    took = time.perf_counter() - start
+                    key = (name, threads)
+                    if key not in best or took < best[key][0]:
+                        stats = module.last_stats
+                        cycles = f"{stats.forward_iterations}/{stats.backward_iterations}"
+                        mg, n = stats.mgrit_share
+                        best[key] = (took, cycles, f"{mg}/{n}")
+        splits = {}
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for name in ("mgrit", "budget"):
+                if name in steps:
+                    splits[(name, threads)] = timed_split(steps[name])
+    rows = []
+    one = min(args.threads)
+    for (name, threads), (took, cycles, kind) in sorted(best.items(), key=lambda kv: kv[0]):
+        base = best[(name, one)][0]
+        serial = best.get(("serial", threads), (None,))[0]
+        serial_one = best.get(("serial", one), (None,))[0]
+        speedup = base / took * one
+        rows.append(
+            {
+                "weights": weights,
+                "T": T,
+                "B": B,
+                "busy": load,
+                "solver": name,
+                "threads": threads,
+                "ms": round(1e3 * took, 2),
+                "speedup": round(speedup, 3),
+                "efficiency": round(speedup / threads, 3),
+                "vs_serial": round(serial / took, 3) if serial else None,
+                "W": round(base / serial_one, 3) if serial_one else None,
+                "cycles": cycles,
+                "by_mgrit": kind,
+                "split_ms": splits.get((name, threads)),
+            }
+        )
+    return rows
+
+
+def _fmt(r: dict) -> str:
+    vs = "" if r["vs_serial"] is None else f"{r['vs_serial']:.2f}x"
+    w = "" if r["W"] is None else f"{r['W']:.2f}"
+    split = ""
+    if r["split_ms"]:
+        total = sum(r["split_ms"].values()) or 1.0
+        split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in r["split_ms"].items())
+    return (
+        f"| {r['weights']} | {r['T']} | {r['B']} | {r['busy']} | {r['solver']} | {r['threads']} "
+        f"| {r['ms']:.1f} | {r['speedup']:.2f}x | {r['efficiency']:.2f} | {vs} | {w} "
+        f"| {r['cycles']} | {r['by_mgrit']} | {split} |"
+    )
+
+
+HEADER = (
+    "| weights | T | B | busy | solver | threads | ms | speed-up | efficiency | vs serial | W "
+    "| cycles f/b | by MGRIT | split (timed trace) |\n" + "|---" * 14 + "|"
+)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, os.cpu_count() or 1])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536])
+    p.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=SOLVERS)
+    p.add_argument("--weights", nargs="+", default=["random", "trained"])
+    p.add_argument("--checkpoint", default=str(CHECKPOINT))
+    p.add_argument("--busy", nargs="+", default=["none"], choices=["none", "loop"])
+    p.add_argument("--input", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")
+    if args.dry_run:
+        args.threads, args.batch, args.T, args.repeats = [1, 2], [2], [512], 1
+        args.weights = ["random"]
+    if "serial" not in args.solvers:
+        args.solvers = ["serial", *args.solvers]
+    weights = [w for w in args.weights if w == "random" or Path(args.checkpoint).is_dir()]
+    if len(weights) < len(args.weights):
+        print(f"no checkpoint at {args.checkpoint}: trained rows left out")
+    print(
+        f"# {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; float32; "
+        f"threads {args.threads}; least of {args.repeats} interleaved rounds"
+    )
+    print(HEADER)
+    rows = []
+    for w in weights:
+        for T in args.T:
+            for B in args.batch:
+                for load in args.busy:
+                    for r in measure(w, T, B, args, load):
+                        print(_fmt(r), flush=True)
+                        rows.append(r)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
