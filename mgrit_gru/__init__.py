@@ -1,11 +1,13 @@
 """mgrit-gru: GRU layers trained parallel in time with multigrid reduction in time (MGRIT)."""
 
+from .layer.control import BudgetWarning as BudgetWarning
 from .layer.control import ConvergenceWarning as ConvergenceWarning
 from .layer.control import DivergenceError as DivergenceError
 from .layer.control import DivergenceWarning as DivergenceWarning
 from .lstm.module import LSTM as LSTM
 from .module import GRU as GRU
 from .options import MGRIT as MGRIT
+from .options import AdaptiveBudget as AdaptiveBudget
 from .options import Auto as Auto
 from .options import Budget as Budget
 from .options import Frozen as Frozen
@@ -20,6 +22,7 @@ __all__ = [
     "LSTM",
     "MGRIT",
     "Auto",
+    "AdaptiveBudget",
     "Budget",
     "Frozen",
     "Guard",
@@ -27,6 +30,7 @@ __all__ = [
     "Secant",
     "RunStats",
     "SolveStats",
+    "BudgetWarning",
     "ConvergenceWarning",
     "DivergenceError",
     "DivergenceWarning",

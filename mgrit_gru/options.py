@@ -160,6 +160,65 @@ class Budget:
         if not isinstance(self.clamp, bool):
             raise _bad("Budget", "clamp", self.clamp, "expected True or False")
 
+    @property
+    def adaptive(self) -> bool:
+        """Whether the cycles are chosen per solve (:class:`AdaptiveBudget`)."""
+        return False
+
+
+# The adaptive budget's defaults: the bound on the gradient's relative error, the calls between
+# two exact checks of a layer and pass, the cycle caps.
+DEFAULT_THETA = 0.1
+
+
+@dataclass(frozen=True)
+class AdaptiveBudget(Budget):
+    """A cycle budget that chooses each solve's cycles so that the gradient's relative error
+    stays below ``theta`` (the inexact-gradient rule of stochastic optimisation,
+    ``||g_budget - g|| <= theta ||g||``): at least ``forward`` / ``backward`` cycles (the
+    paper's 2/1), more where the network needs them, at most ``max_forward`` /
+    ``max_backward``. No guard, no fallback, as :class:`Budget`.
+
+    Each layer, direction and pass estimates its error as its residual after the cycles times
+    a ratio that an exact check calibrates: every ``every``-th call (the first included) also
+    runs the serial solve and measures the budget's error against it (the forward's states in
+    the largest-value norm, which is what a max-pooled head reads; the adjoint's states in the
+    2-norm, which is what the weight gradient sums). A solve then cycles until its estimated
+    error is at most ``theta / 2`` (the forward's and the adjoint's shares of the gradient's
+    error), deciding from residuals and cycle counts only, never a clock; the state lives in
+    the module (:meth:`mgrit_gru.GRU.solver_state`) and survives a checkpoint. Measured on
+    trained networks: docs/convergence.md, "Training through a cycle budget".
+
+    Args:
+        theta: the bound on the gradient's relative error, in (0, 1).
+        every: calls of a layer and pass between two exact checks (>= 1; 1: every call,
+            which costs a serial solve each).
+        max_forward, max_backward: cycle caps (>= ``forward`` / ``backward``).
+        forward, backward, backward_relax, clamp: as :class:`Budget` (the minimum cycles).
+    """
+
+    theta: float = DEFAULT_THETA
+    every: int = 16
+    max_forward: int = 8
+    max_backward: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gradient != "adjoint":
+            raise _bad(
+                "AdaptiveBudget", "gradient", self.gradient, "only 'adjoint' (the solved adjoint)"
+            )
+        ok = isinstance(self.theta, (int, float)) and not isinstance(self.theta, bool)
+        if not ok or not (0.0 < self.theta < 1.0):
+            raise _bad("AdaptiveBudget", "theta", self.theta, "expected a number in (0, 1)")
+        _check_int("AdaptiveBudget", "every", self.every, 1)
+        _check_int("AdaptiveBudget", "max_forward", self.max_forward, self.forward)
+        _check_int("AdaptiveBudget", "max_backward", self.max_backward, self.backward)
+
+    @property
+    def adaptive(self) -> bool:
+        return True
+
 
 # The default tolerance in 32-bit arithmetic (float32 solves, and float16/bfloat16 models,
 # which solve in float32); float64 solves default to their rounding floor. The default cycle

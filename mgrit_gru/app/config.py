@@ -16,6 +16,7 @@ from ..options import (
     ON_DIVERGENCE_CHOICES,
     ON_UNCONVERGED_CHOICES,
     RELAX_CHOICES,
+    AdaptiveBudget,
     Auto,
     Budget,
     Guard,
@@ -228,6 +229,19 @@ class TrainConfig:
         "under a budget, clamp the C-points to [-1, 1] after each forward coarse correction "
         "(--budget-clamp)",
     )
+    budget_theta: Optional[float] = _opt(
+        None,
+        "an adaptive budget: each solve's cycles chosen so that the gradient's estimated "
+        "relative error stays below this bound (e.g. 0.1; --budget-forward/--budget-backward "
+        "are then the least cycles); none: the fixed budget, which warns when its estimate "
+        "stays above 0.1",
+    )
+    budget_max_cycles: int = _opt(8, "an adaptive budget's cap on the cycles of one solve")
+    budget_check_every: int = _opt(
+        16,
+        "an adaptive budget's calls of a layer and pass between two exact checks (a serial "
+        "solve beside the budget's, which calibrates its error estimate)",
+    )
     eval_serial: bool = _opt(
         True,
         "a budget run also tests its weights with the exact serial solve each epoch "
@@ -321,6 +335,11 @@ class TrainConfig:
                 "a budget (--budget-forward/--budget-backward) needs --solver mgrit: the "
                 "automatic choice solves to a tolerance"
             )
+        if self.budget_theta is not None and self.budget_forward is None:
+            raise ValueError(
+                "--budget-theta (an adaptive budget) needs --budget-forward and "
+                "--budget-backward (its least cycles) or --recipe budget"
+            )
         if self.model == "lstm":
             gru_only = {
                 "--cell implicit": self.cell == "implicit",
@@ -353,6 +372,18 @@ class TrainConfig:
         """The fixed cycle budget of a --budget-forward/--budget-backward run, else None."""
         if self.budget_forward is None or self.solver != "mgrit":
             return None
+        if self.budget_theta is not None:
+            return AdaptiveBudget(
+                self.budget_forward,
+                self.budget_backward,
+                self.budget_backward_relax,
+                self.budget_gradient,
+                self.budget_clamp,
+                theta=self.budget_theta,
+                every=self.budget_check_every,
+                max_forward=max(self.budget_max_cycles, self.budget_forward),
+                max_backward=max(self.budget_max_cycles, self.budget_backward),
+            )
         return Budget(
             self.budget_forward,
             self.budget_backward,
@@ -460,7 +491,7 @@ GROUPS = {
     "dataset": "data",
     "model": "model",
     "solver": "solver",
-    "budget_forward": "fixed cycle budget (instead of a tolerance)",
+    "budget_forward": "cycle budget (instead of a tolerance): fixed, or adaptive (--budget-theta)",
     "eval_serial": "solver details",
     "optimizer": "optimisation",
     "device": "machine and time-parallel ranks",

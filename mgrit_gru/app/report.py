@@ -159,10 +159,18 @@ def write_run_report(
     last = history[-1]
     serial = "test_acc_serial" in last
     budget = cfg.budget
+    # a budget's estimated relative gradient error per epoch (runs since 2026-12-05)
+    estimated = any("budget_grad_err_est" in r for r in history)
     lines = [
         f"# Training run: {cfg.dataset}, solver {cfg.solver_run}"
         + (f" on {cfg.time_parallel} time-parallel ranks" if cfg.time_parallel > 1 else "")
-        + (f", budget {budget.forward}/{budget.backward} cycles" if budget else ""),
+        + (f", budget {budget.forward}/{budget.backward} cycles" if budget else "")
+        + (
+            f" at least (adaptive: up to {budget.max_forward}/{budget.max_backward}, "
+            f"gradient error bound {budget.theta:g})"
+            if budget is not None and budget.adaptive
+            else ""
+        ),
         "",
         dataset,
         "",
@@ -179,8 +187,8 @@ def write_run_report(
         "| epoch | train loss | train acc | test loss | test acc | "
         + ("test acc serial | " if serial else "")
         + "train s | seq/s | fwd it | bwd it | fwd res max | bwd res max | fallbacks | "
-        "MGRIT share fwd/bwd |",
-        "|---" * (13 + serial) + "|",
+        "MGRIT share fwd/bwd |" + (" est. grad err |" if estimated else ""),
+        "|---" * (13 + serial + estimated) + "|",
     ]
     for r in history:
         share = "-"
@@ -194,13 +202,21 @@ def write_run_report(
             f"{r['seq_per_s']:.0f} | {r['fwd_iters_mean']:.2f} | {r['bwd_iters_mean']:.2f} | "
             f"{_residual_cell(r, 'fwd')} | {_residual_cell(r, 'bwd')} | {r['fallbacks']} | "
             f"{share} |"
+            + (f" {r.get('budget_grad_err_est', float('nan')):.2g} |" if estimated else "")
         )
     if mgrit:
         lines += [
             "",
             "res max: the largest final residual of the solves whose result MGRIT gave (-: "
             "none); fell back N: MGRIT tries that stopped and gave way to the serial solve "
-            "(their residuals are not counted); fallbacks: training steps with such a try.",
+            "(their residuals are not counted); fallbacks: training steps with such a try."
+            + (
+                " est. grad err: the budget's estimated relative error of the gradient (its "
+                "forward's and adjoint's errors, each its residual times the ratio that an exact "
+                "check every few calls measures; docs/convergence.md)."
+                if estimated
+                else ""
+            ),
         ]
     if speed is not None:
         lines += ["", "## Speed", "", speed_text(speed)]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ..layer.control import budget_memory
 from ..layer.module import Recurrent
 from ..lstm.module import LSTM
 from ..module import GRU
@@ -566,6 +567,9 @@ def _train_epoch(
         first, before = partial["batch"], partial["train_time_s"]
     start = time.perf_counter() - before
     batches = list(_batches(len(order), cfg.batch_size, order))
+    memory = budget_memory(model.rnn) if cfg.budget is not None else None
+    if memory is not None and partial is None:
+        memory.take()  # this epoch's budget statistics from here (not the last evaluation's)
     bar = tqdm(
         batches,
         desc=f"epoch {epoch + 1}/{cfg.epochs}",
@@ -626,10 +630,15 @@ def _train_epoch(
             postfix["fwd"] = mgrit_figures(stats.forward)
             postfix["bwd"] = mgrit_figures(stats.backward)
             postfix["mgrit"] = f"{100 * solver.share(0):.0f}%/{100 * solver.share(1):.0f}%"
+        if memory is not None:  # the budget's estimated relative gradient error so far
+            postfix["gerr"] = f"{memory.current()['grad_err_est']:.1e}"
         bar.set_postfix(postfix, refresh=False)
         bar.update()
     bar.close()
     train_time = time.perf_counter() - start
+    budget_row = {}
+    if memory is not None:  # cycles spent and the estimated gradient error, this epoch
+        budget_row = {f"budget_{k}": v for k, v in memory.take().items()}
     eval_start = time.perf_counter()
     test_loss, test_acc = evaluate(
         model, data.x_test, data.y_test, data.len_test, cfg.batch_size, device
@@ -649,6 +658,7 @@ def _train_epoch(
         "seq_per_s": seen / train_time,
         **serial_eval,
         **solver.as_dict(),
+        **budget_row,
     }
     log(
         f"epoch {epoch + 1}: train loss {row['train_loss']:.4f} acc {row['train_acc']:.3f} | "
@@ -658,6 +668,12 @@ def _train_epoch(
         + (
             f" | fwd it {row['fwd_iters_mean']:.1f} bwd it {row['bwd_iters_mean']:.1f}"
             if solver.batches
+            else ""
+        )
+        + (
+            f" | budget: {row['budget_fwd_cycles_mean']:.1f}/{row['budget_bwd_cycles_mean']:.1f}"
+            f" cycles, est. gradient error {row['budget_grad_err_est']:.2g}"
+            if budget_row
             else ""
         )
     )

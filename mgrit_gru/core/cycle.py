@@ -497,6 +497,7 @@ def solve(
     early_exit: bool = False,
     guard: Optional[Guard] = None,
     project: Optional[Callable[[Tensor], object]] = None,
+    min_iters: int = 0,
 ) -> SolveResult:
     """Solve ``u_{k+1} = Phi_0(u_k; k) + g_k`` from ``u_0 = u0`` on the finest grid.
 
@@ -512,6 +513,7 @@ def solve(
             it stalls at ``stop.floor`` (then ``at_floor``). ``tol=0`` with a ``max_iters``
             runs exactly that many cycles (a fixed budget).
         max_iters: cap on V-cycles.
+        min_iters: V-cycles run whatever the residual (an adaptive cycle budget's minimum).
         early_exit: a level-0 F-relaxation that follows another (every F after a C; the final
             one after a coarse correction) stops once its states agree with the previous
             sweep's to ``tol`` times the solution's size (see :meth:`_Solver.f_relax`): the
@@ -578,8 +580,8 @@ def solve(
         if not math.isfinite(res):
             result.stopped = "diverged"
             return result
-        done = res <= stop.tol
-        if not done and stop.stalled(result.residuals):
+        done = res <= stop.tol and result.iterations >= min_iters
+        if not done and result.iterations >= min_iters and stop.stalled(result.residuals):
             done = result.at_floor = True
         if not done and not final and guard is not None:
             result.stopped = guard(result.residuals)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import cost as cost_model
 from ..core import Grid, SolveResult
 from ..options import MGRIT
 from ..stats import SolveStats
@@ -77,6 +78,170 @@ class DivergenceMemory:
 
     def load_state_dict(self, state: dict) -> None:
         self._state = {_key(k): list(v) for k, v in state.items()}
+        self._budget = None  # a new memory: the module's "budget" state is loaded apart
+
+    @property
+    def budget(self) -> BudgetMemory:
+        """The cycle budget's memory (calibration and statistics) of the same module."""
+        if getattr(self, "_budget", None) is None:  # (a memory pickled before it existed)
+            self._budget = BudgetMemory()
+        return self._budget
+
+
+class BudgetWarning(UserWarning):
+    """A fixed cycle budget whose estimated gradient error stays above the bound."""
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """One budgeted solve's rule: run at least ``min_iters`` cycles, then stop once the
+    relative residual is at most ``tol`` (0: never), at ``max_iters`` at the latest; ``check``:
+    also measure the result against the exact solve (calibrates the residual's ratio)."""
+
+    min_iters: int
+    max_iters: int
+    tol: float
+    check: bool
+    ratio: float
+
+
+class BudgetMemory:
+    """Per layer, direction and pass of one module: what a cycle budget
+    (:class:`mgrit_gru.Budget`, :class:`mgrit_gru.AdaptiveBudget`) has learnt about its error.
+
+    The error of a budgeted solve is estimated as ``ratio * r``, ``r`` its relative residual
+    after its cycles. Every ``every``-th call of a key (the first included) is an exact check:
+    the solve also runs serially, its measured error ``e`` gives ``ratio = e / r``, kept
+    conservative by ``max(e / r, previous / 2)`` and clamped to ``[RATIO_MIN, RATIO_MAX]``. An
+    adaptive budget then cycles until ``ratio * r <= theta / 2`` (each pass's share of the
+    gradient's error bound), between its minimum and its cap; a fixed budget runs its cycles
+    and only estimates. A fixed budget whose estimated gradient error (forward plus adjoint of a
+    layer) is above the bound at ``WARN_CHECKS`` checks in a row warns once. Decisions depend
+    on residuals and counts only: a resumed run (:meth:`state_dict`) decides alike.
+
+    ``take()`` returns and resets the statistics since its last call (what the training
+    application reports per epoch)."""
+
+    RATIO_MIN, RATIO_MAX = 1e-3, 1e6
+    WARN_CHECKS = 3
+    FIXED_EVERY = 16  # a fixed budget's exact checks (which only estimate)
+
+    def __init__(self) -> None:
+        # key -> {"calls", "ratio" (None before the first check), "over" (checks in a row
+        # above the bound)}
+        self._state: dict[tuple, dict] = {}
+        self.warned = False
+        self._reset()
+
+    def _reset(self) -> None:
+        # per pass: solves, cycles, estimated errors summed, their largest, checks, the
+        # measured errors at the checks summed and their largest
+        self._stats = {
+            p: {"solves": 0, "cycles": 0, "est": 0.0, "est_max": 0.0, "checks": 0,
+                "measured": 0.0, "measured_max": 0.0}
+            for p in ("forward", "backward")
+        }  # fmt: skip
+
+    def _entry(self, key: tuple) -> dict:
+        return self._state.setdefault(key, {"calls": 0, "ratio": None, "over": 0})
+
+    def plan(self, key: tuple, budget) -> BudgetPlan:
+        """The rule of the coming solve of ``key`` = (pass, layer, reverse) under ``budget``."""
+        entry = self._entry(key)
+        forward = key[0] == "forward"
+        least = budget.forward if forward else budget.backward
+        every = budget.every if budget.adaptive else self.FIXED_EVERY
+        check = entry["calls"] % every == 0
+        entry["calls"] += 1
+        ratio = 1.0 if entry["ratio"] is None else entry["ratio"]
+        if not budget.adaptive:
+            return BudgetPlan(least, least, 0.0, check, ratio)
+        most = budget.max_forward if forward else budget.max_backward
+        return BudgetPlan(least, most, 0.5 * budget.theta / ratio, check, ratio)
+
+    def learn(self, key: tuple, plan: BudgetPlan, residuals, iterations: int, measured=None):
+        """What the solve of ``key`` ran: its residuals and cycles, and at a check the error
+        ``measured`` against the exact solve. Returns its estimated error."""
+        entry = self._entry(key)
+        r = residuals[-1] if residuals else 0.0
+        ratio = plan.ratio
+        if measured is not None:
+            found = measured / r if r > 0.0 else self.RATIO_MIN
+            last = entry["ratio"]
+            ratio = found if last is None else max(found, 0.5 * last)
+            entry["ratio"] = ratio = min(max(ratio, self.RATIO_MIN), self.RATIO_MAX)
+        est = measured if measured is not None else ratio * r
+        stats = self._stats[key[0]]
+        stats["solves"] += 1
+        stats["cycles"] += iterations
+        stats["est"] += est
+        stats["est_max"] = max(stats["est_max"], est)
+        if measured is not None:
+            stats["checks"] += 1
+            stats["measured"] += measured
+            stats["measured_max"] = max(stats["measured_max"], measured)
+        entry["last"] = est
+        return est
+
+    def judge(self, key: tuple, budget, theta: float, name: str = "GRU") -> None:
+        """After a checked adjoint of ``key``'s layer: a fixed budget whose layer's estimated
+        gradient error (its forward's and adjoint's last estimates) stays above ``theta``
+        warns once."""
+        if budget.adaptive:
+            return
+        fwd = self._state.get(("forward", *key[1:]), {}).get("last", 0.0)
+        entry = self._entry(key)
+        over = fwd + entry.get("last", 0.0) > theta
+        entry["over"] = entry["over"] + 1 if over else 0
+        if entry["over"] >= self.WARN_CHECKS and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"{name}: the fixed budget's estimated gradient error stays above "
+                f"{theta:g} ({fwd + entry['last']:.2g} at {entry['over']} checks in a row): "
+                "the model may train worse than the exact solve; use "
+                "mgrit_gru.AdaptiveBudget(theta=...) (CLI: --budget-theta)",
+                BudgetWarning,
+                stacklevel=2,
+            )
+
+    def current(self) -> dict:
+        """The statistics since the last :meth:`take`, without a reset."""
+        saved = {p: dict(v) for p, v in self._stats.items()}
+        out = self.take()
+        self._stats = saved
+        return out
+
+    def take(self) -> dict:
+        """The statistics since the last call, and a reset: per pass the mean cycles per
+        solve, the mean and largest estimated error, the checks and their mean and largest
+        measured error; ``grad_err_est``: forward plus adjoint mean estimates, the estimated
+        relative error of the gradient."""
+        out = {}
+        for p, s in self._stats.items():
+            n, c = max(s["solves"], 1), max(s["checks"], 1)
+            short = "fwd" if p == "forward" else "bwd"
+            out.update({
+                f"{short}_solves": s["solves"],
+                f"{short}_cycles_mean": s["cycles"] / n,
+                f"{short}_err_est_mean": s["est"] / n,
+                f"{short}_err_est_max": s["est_max"],
+                f"{short}_checks": s["checks"],
+                f"{short}_err_checked_mean": s["measured"] / c,
+                f"{short}_err_checked_max": s["measured_max"],
+            })  # fmt: skip
+        out["grad_err_est"] = out["fwd_err_est_mean"] + out["bwd_err_est_mean"]
+        self._reset()
+        return out
+
+    def state_dict(self) -> dict:
+        return {
+            "keys": {"/".join(map(str, k)): dict(v) for k, v in self._state.items()},
+            "warned": self.warned,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._state = {_key(k): dict(v) for k, v in state.get("keys", {}).items()}
+        self.warned = bool(state.get("warned", False))
 
 
 def _key(text: str) -> tuple:
@@ -97,6 +262,7 @@ class AutoChoice:
 
     skip_is_fallback = False  # serial is a choice here, not a fallback
     warns = False  # choosing is its job: a divergence is nothing to tell
+    prices = True  # a call whose MGRIT the model rules out runs serially untried
     FIRST_WAIT = 4
     TRY_SHARE = 0.05
 
@@ -156,17 +322,29 @@ def solve_guarded(
     spent: Optional[Callable[[], float]] = None,
     serial_cost: float = 0.0,
     name: str = "GRU",
+    least: float = 0.0,
 ) -> tuple[list[Grid], SolveResult, SolveStats]:
     """``run(grids)``, and what its verdict calls for: a converged or budgeted solve stands;
     a diverged one falls back to the serial grid (warning once) or raises; one stopped by the
     cost guard falls back silently; one that reached its cap follows ``on_unconverged``.
     ``control`` (a :class:`DivergenceMemory` or :class:`AutoChoice`) may send the call to the
     serial grid at once and learns what it cost. ``spent()``: the modelled cost so far;
-    ``name``: the module's (``"GRU"``, ``"LSTM"``), in warnings and errors."""
+    ``name``: the module's (``"GRU"``, ``"LSTM"``), in warnings and errors. ``least``: the
+    modelled least cost of the MGRIT solve (its first relaxation); a control that ``prices``
+    (:class:`AutoChoice`) sends the call to the serial grid without trying MGRIT where that is
+    within the model's error of ``serial_cost`` (:func:`mgrit_gru.cost.mgrit_hopeless`)."""
     serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
     key = (pass_, *where)
+    if options.budget is not None:  # a budget's solve stands: nothing to skip or back off
+        control = None  # (its memory, control.budget, is the caller's)
     mgrit = len(grids) > 1
     reason = control.skip(key) if (control is not None and mgrit) else None
+    if reason is None and mgrit and getattr(control, "prices", False):
+        if cost_model.mgrit_hopeless(least, serial_cost):
+            reason = (
+                f"auto: serial (the model prices MGRIT's first relaxation alone at "
+                f"{least / serial_cost:.2f}x the serial solve)"
+            )
     fell_back = False
     if not mgrit or reason is not None:
         grids, result = serial, run(serial)
@@ -276,3 +454,10 @@ def _advice(options: MGRIT) -> str:
     if options.relax == "F":
         return "use relax='FCF'"
     return f"use more C-F sweeps (relax='{options.relax}CF') or longer chunks (cfactor)"
+
+
+def budget_memory(module) -> Optional[BudgetMemory]:
+    """The cycle budget's memory of a ``mgrit_gru.GRU`` or ``LSTM`` (its estimated errors and
+    cycles: :meth:`BudgetMemory.take`), or None for another module."""
+    divergence = getattr(module, "_divergence", None)
+    return None if divergence is None else divergence.budget

@@ -235,15 +235,20 @@ class Recurrent(nn.Module):
         return options
 
     def solver_state(self) -> dict:
-        """What the solver has learnt from earlier calls (the automatic choice's and the
-        backoff's per-layer state): plain data for a checkpoint, so that a resumed training
-        run makes the choices an uninterrupted one would. Not part of ``state_dict`` (whose
-        keys stay torch's)."""
-        return {"auto": self._choice.state_dict(), "backoff": self._divergence.state_dict()}
+        """What the solver has learnt from earlier calls (the automatic choice's, the
+        backoff's and a cycle budget's per-layer state): plain data for a checkpoint, so that
+        a resumed training run makes the choices an uninterrupted one would. Not part of
+        ``state_dict`` (whose keys stay torch's)."""
+        return {
+            "auto": self._choice.state_dict(),
+            "backoff": self._divergence.state_dict(),
+            "budget": self._divergence.budget.state_dict(),
+        }
 
     def load_solver_state(self, state: dict) -> None:
         self._choice.load_state_dict(state.get("auto", {}))
         self._divergence.load_state_dict(state.get("backoff", {}))
+        self._divergence.budget.load_state_dict(state.get("budget", {}))
 
     def time_cfactor(self, steps: int, batch: int) -> int:
         """The chunk length of a time-parallel call with ``steps`` global time steps and
@@ -586,7 +591,9 @@ class Recurrent(nn.Module):
         if isinstance(self.solver, Auto) and tg is None:
             control = self._choice  # time-parallel ranks run MGRIT: their meters differ
         else:
-            control = self._divergence if solver.on_divergence == "backoff" else None
+            # the backoff's memory, which also holds a cycle budget's (its error's estimate)
+            keep = solver.on_divergence == "backoff" or solver.budget is not None
+            control = self._divergence if keep else None
         record = RunStats()
         if self.last_stats is not None and _in_backward():
             # a checkpoint's recomputation (torch.utils.checkpoint): the adjoint solves of this

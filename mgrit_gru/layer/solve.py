@@ -409,6 +409,18 @@ def chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
     return ops
 
 
+def _least(grids: list[Grid], kind: str, B: int, H: int, x: Tensor, cell: Cell, tg) -> float:
+    """The modelled least cost of an MGRIT solve on ``grids`` (its first F-relaxation on level
+    0, :func:`mgrit_gru.cost.first_relaxation_us`), for the automatic choice; 0 (no a-priori
+    test) for a serial grid or a time group's ranks (whose slices differ: they decide on what
+    their solves cost, alike)."""
+    if len(grids) == 1 or tg is not None:
+        return 0.0
+    fine = grids[0]
+    device, costs = x.device.type, cell.costs
+    return cost.first_relaxation_us(kind, fine.m, fine.n, B, H, device, costs, x.dtype, len(grids))
+
+
 def _guard(options: MGRIT, rule: Stopping, meter: cost.Meter, serial: float, tg):
     """The guard of one solve: none under a budget; the cost part only in one process (the
     ranks of a time group must decide alike, and their meters count their own slices)."""
@@ -430,6 +442,36 @@ def _stopping(options: MGRIT, pass_: str, grids: list[Grid], x: Tensor) -> Stopp
     if rule.asked is not None and len(grids) > 1:
         warn_tol_raised(pass_, rule, x.dtype)
     return rule
+
+
+def _budget_plan(options: MGRIT, pass_: str, grids: list[Grid], x: Tensor, where, control):
+    """A cycle budget's rule for this solve from the module's memory (None: no budget, the
+    serial grid, or no memory), and the stopping rule it makes."""
+    memory = getattr(control, "budget", None)
+    if options.budget is None or len(grids) == 1 or memory is None:
+        return None, None
+    plan = memory.plan((pass_, *where), options.budget)
+    floor = stopping.floor(x.dtype, x.device.type, grids[0].m) if plan.tol > 0.0 else 0.0
+    return plan, Stopping(max(plan.tol, floor) if plan.tol > 0.0 else 0.0, plan.max_iters, floor)
+
+
+def _relative(a: Tensor, b: Tensor, norm: str) -> float:
+    """``a``'s error against ``b``, relative to ``b``: in the largest value ("max") or the
+    2-norm ("two"), in float64."""
+    d = (a.double() - b.double()).nan_to_num(posinf=1e300, neginf=1e300)
+    if norm == "max":
+        return float(d.abs().max() / b.double().abs().max().clamp_min(1e-300))
+    return float(d.norm() / b.double().norm().clamp_min(1e-300))
+
+
+def _learn(control, pass_, where, plan, result, measured, options, name) -> None:
+    memory = control.budget
+    key = (pass_, *where)
+    memory.learn(key, plan, result.residuals, result.iterations, measured)
+    if pass_ == "backward" and measured is not None:
+        from ..options import DEFAULT_THETA
+
+        memory.judge(key, options.budget, DEFAULT_THETA, name)
 
 
 def implicit_of(cell: Cell) -> Cell:
@@ -486,9 +528,10 @@ def forward_solve(
     fused = (
         _torch_serial(kernel) and cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
     )
-    meter = cost.Meter(H, x.device.type, cell.costs)
+    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
     serial_kind = "fused" if fused else ("sweep" if kernel is not None else "step")
-    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
+    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    least = _least(grids, "sweep" if kernel is not None else "step", B, H, x, cell, tg)
     # a compiled step keeps its gates in its own loop, at a cost of a copy: always worth it
     worth_keeping = kernel is not None or _worth_keeping(grids, B, steps)
     hier = Hierarchy(grids, [None] * len(grids), [None] * len(grids), front)
@@ -519,6 +562,8 @@ def forward_solve(
         coarse_gates()  # a collective: every rank, whichever grid it runs
 
     rule = _stopping(options, "forward", grids, x)
+    plan, planned = _budget_plan(options, "forward", grids, x, where, control)
+    rule = planned or rule
 
     def run(grids: list[Grid]) -> SolveResult:
         fine = grids[0]  # or the serial grid, without padding
@@ -566,6 +611,7 @@ def forward_solve(
             early_exit=options.early_exit,
             guard=_guard(options, rule, meter, serial_cost, tg),
             project=cell.state_clamp(h0) if options.budget and options.budget.clamp else None,
+            min_iters=0 if plan is None else plan.min_iters,
         )
 
     grids, result, stats = solve_guarded(
@@ -578,6 +624,7 @@ def forward_solve(
         lambda: meter.spent,
         serial_cost,
         cell.name.upper(),
+        least,
     )
     fused = state["fused"]
     if kept is not None:  # whichever grid ran, the real steps sit at [off, off + T)
@@ -595,6 +642,13 @@ def forward_solve(
         points[T] = result.uend
     else:
         points = flat_points(result.u, result.uend)[off : off + T + 1]
+    if plan is not None:  # a budget learns its error; at a check against the exact states
+        measured = None
+        if plan.check and tg is None:
+            with torch.no_grad():
+                exact, _ = cell.reference_layer(x, h0, w_ih, w_hh, b_ih, b_hh, mask)
+            measured = _relative(points[1:], exact, "max")
+        _learn(control, "forward", where, plan, result, measured, options, cell.name.upper())
     if comm is not None and len(grids) > 1:  # the ranks' C-points, for the adjoint's coarse
         hier.c_points = torch.cat([comm.gather(result.u[0]), comm.last(result.uend)[None]])
     elif len(grids) > 1:  # what a time group would exchange here
@@ -798,9 +852,10 @@ def adjoint_solve(
     if not ((fused or whole) and serial_only):
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
-    meter = cost.Meter(H, x.device.type, cell.costs)
+    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
     serial_kind = "fused_adjoint" if fused else ("sweep_adjoint" if kernel else "adjoint")
-    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs)
+    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    least = _least(mgrit_grids, "sweep_adjoint" if kernel else "adjoint", B, H, x, cell, tg)
 
     def coarse_ops(grids: list[Grid]) -> list:
         if "ops" not in state:
@@ -814,6 +869,8 @@ def adjoint_solve(
         return state["ops"][: len(grids) - 1]
 
     rule = _stopping(options, "backward", mgrit_grids, x)
+    plan, planned = _budget_plan(options, "backward", mgrit_grids, x, where, control)
+    rule = planned or rule
 
     def run(grids: list[Grid]) -> SolveResult:
         if len(grids) == 1 and whole and hier.kept is not None:  # (an MGRIT try before
@@ -864,6 +921,7 @@ def adjoint_solve(
             max_iters=rule.max_iters,
             early_exit=options.early_exit,
             guard=_guard(options, rule, meter, serial_cost, tg),
+            min_iters=0 if plan is None else plan.min_iters,
         )
 
     # A NaN or Inf gradient flows on as in autograd, without a fallback.
@@ -878,6 +936,7 @@ def adjoint_solve(
         lambda: meter.spent,
         serial_cost,
         cell.name.upper(),
+        least,
     )
     ran = kernels_name(kernel, "grads" in state)
     stats = replace(stats, kernels=ran, row_steps=meter.row_steps)
@@ -890,6 +949,15 @@ def adjoint_solve(
     Mg, off_g = grids[0].M, grids[0].off
     lam = workspace.buffer("bwd.lam", (Mg + 1, *d_last.shape), d_last)
     lam_rev = flat_points(result.u, result.uend, out=lam)[off_g : off_g + T + 1]
+    if plan is not None and len(grids) > 1:  # a budget learns its error; at a check against
+        # the exact adjoint at the same states (the library's own serial loop, whose result
+        # is lam as the budget's is)
+        measured = None
+        if plan.check and tg is None:
+            fused = whole = False  # noqa: F841 (read by run)
+            exact = run([Grid(N=T, m=T, n=1)])
+            measured = _relative(lam_rev, flat_points(exact.u, exact.uend), "two")
+        _learn(control, "backward", where, plan, result, measured, options, cell.name.upper())
     _, C_rev, extra = coefficients()
     return Adjoint(lam_rev, C_rev[off : off + T], extra, stats)
 
