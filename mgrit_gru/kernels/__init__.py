@@ -28,16 +28,25 @@ about a minute); a process that finds no build compiles it at its first compiled
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import shutil
 import sys
+import sysconfig
+import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 ENV, BUILD_ENV = "MGRIT_GRU_KERNELS", "MGRIT_GRU_BUILD"
 CHOICES = ("auto", "compiled", "triton", "pytorch")
@@ -54,6 +63,7 @@ DTYPES = (torch.float32, torch.float64)
 _lock = threading.Lock()
 _module = None
 _error: Optional[str] = None
+_detail: Optional[str] = None  # a failed build's whole message (the compiler's output)
 
 
 def check(value, where: str = "kernels") -> str:
@@ -77,33 +87,42 @@ def _key() -> str:
         digest.update(path.name.encode() + path.read_bytes())
     from ..cost import cpu_name
 
-    # the sources' folder too: a build records its sources' paths, and another checkout of
-    # the same code would rebuild it in place (under a process that has it loaded)
-    where = f"{_ROOT}|{torch.__version__}|{cpu_name()}|{platform.machine()}|{FLAGS}"
+    # a finished build folder is never written again (a new build goes to a folder of its own
+    # and is renamed into place), so the sources' own folder need not be part of the key: a
+    # checkout and an installed copy of the same code share a build; the extension suffix
+    # names the Python the module was built for
+    abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
+    where = f"{_LAYOUT}|{torch.__version__}|{abi}|{cpu_name()}|{platform.machine()}|{FLAGS}"
     digest.update(where.encode())
     return digest.hexdigest()[:16]
 
 
 def build_dir() -> Path:
+    """The folder of this machine's build (it exists only once a build is complete)."""
     folder = os.environ.get(BUILD_ENV)
     base = Path(folder) if folder else Path.home() / ".cache" / "mgrit-gru" / "kernels"
     return base / _key()
 
 
+_NO_CXX, _NO_NINJA = "no C++ compiler (c++ or g++) on PATH", "no ninja on PATH"
+_FIX = {_NO_CXX: "install g++ (e.g. apt-get install g++)", _NO_NINJA: "pip install ninja"}
+
+
 def _missing_tools() -> Optional[str]:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx) is None and shutil.which("g++") is None:
-        return "no C++ compiler (c++ or g++) on PATH"
+        return _NO_CXX
     ninja = Path(sys.executable).with_name("ninja")
     if shutil.which("ninja") is None and not ninja.exists():
-        return "no ninja on PATH (pip install ninja)"
+        return _NO_NINJA
     return None
 
 
-def load(build: bool = True):
-    """The compiled module, built if needed and ``build``; None (and :func:`error` says why)
-    where it cannot be built or loaded."""
-    global _module, _error
+def load(build: bool = True, fresh: bool = False):
+    """The compiled module, built if needed and ``build`` (built anew where ``fresh``); None
+    (and :func:`error` says why) where it cannot be built or loaded, which it says once per
+    process, in one warning."""
+    global _module, _error, _detail
     if _module is not None or _error is not None:
         return _module
     with _lock:
@@ -112,40 +131,21 @@ def load(build: bool = True):
         missing = _missing_tools()
         if missing:
             _error = missing
-            return None
-        folder = build_dir()
-        name = f"mgrit_gru_cpu_{folder.name}"
-        built = any(folder.glob(f"{name}*.so"))
-        if not built and not build:
-            return None
-        if not built:
-            warnings.warn(
-                "mgrit_gru: compiling the CPU kernels for this machine once (about a minute; "
-                "`python -m mgrit_gru.kernels` does it ahead)",
-                stacklevel=3,
+            _warn(
+                f"mgrit_gru: {missing}, so the PyTorch steps run instead of the compiled CPU "
+                f"kernels; {_FIX[missing]}, then `{COMMAND}` builds them"
             )
-        ninja_dir = str(Path(sys.executable).parent)
-        if ninja_dir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = ninja_dir + os.pathsep + os.environ.get("PATH", "")
+            return None
         try:
-            from torch.utils import cpp_extension
-
-            folder.mkdir(parents=True, exist_ok=True)
-            _module = cpp_extension.load(
-                name=name,
-                sources=[str(s) for s in SOURCES],
-                extra_cflags=list(FLAGS),
-                build_directory=str(folder),
-                verbose=False,
-            )
+            _module = _load_or_build(build, fresh)
         except Exception as exc:  # a failed build: the PyTorch path runs; error() says why
-            lines = str(exc).strip().splitlines()
-            last = lines[-1].rstrip(".") if lines else type(exc).__name__
+            _detail = str(exc).strip()
+            lines = _detail.splitlines()
+            last = lines[-1].strip().rstrip(".") if lines else type(exc).__name__
             _error = f"the build failed: {last}"
-            warnings.warn(
+            _warn(
                 f"mgrit_gru: the CPU kernels could not be built ({_error}); the PyTorch steps "
-                "run instead (python -m mgrit_gru.kernels says more)",
-                stacklevel=3,
+                f"run instead; `{COMMAND} --rebuild` builds them anew and says more"
             )
         return _module
 
@@ -153,6 +153,233 @@ def load(build: bool = True):
 def error() -> Optional[str]:
     """Why the compiled kernels are unavailable (None while they are, or before a load)."""
     return _error
+
+
+def rebuild():
+    """Build the kernels anew, whatever is cached (the cached build is replaced once the new
+    one is complete), and load them: :func:`load` otherwise."""
+    global _module, _error
+    with _lock:
+        _module, _error = None, None
+    return load(build=True, fresh=True)
+
+
+# --- the build -------------------------------------------------------------------------------
+#
+# KEY (build_dir()) appears only complete: a build compiles into KEY.tmp-PID-XXXX beside it,
+# drops what the module does not need, records the library's size and SHA-256 in MANIFEST and
+# renames the folder to KEY. One process at a time builds a KEY: it holds an flock on
+# KEY.lock (the kernel drops it when the process dies, however it dies) and writes its pid
+# there, which it clears when done; a process that takes the lock and finds a pid there knows
+# that build was interrupted, says so, clears its leftovers and builds anew. A cached library
+# is loaded only if it matches its manifest (a truncated library would kill the process).
+
+_LAYOUT = "layout 2: KEY renamed in complete, with build.json"
+MANIFEST = "build.json"
+COMMAND = "python -m mgrit_gru.kernels"
+WAIT_NOTICE_S = 5.0  # say which process is building after waiting this long
+WAIT_LIMIT_S = 30 * 60.0  # and give up waiting (the PyTorch steps run) after this long
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def _validated(folder: Path) -> tuple[Optional[Path], Optional[str], str]:
+    """(the library, None, its module name) where ``folder`` holds a complete build that
+    matches its manifest; (None, what is wrong, "") where it holds something else; (None,
+    None, "") where there is no such folder."""
+    if not folder.exists():
+        return None, None, ""
+    try:
+        record = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        library = folder / record["library"]
+        size, digest, module = int(record["size"]), str(record["sha256"]), str(record["module"])
+    except FileNotFoundError:
+        return None, f"no {MANIFEST}: an unfinished or foreign build", ""
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"an unreadable {MANIFEST} ({type(exc).__name__})", ""
+    try:
+        actual = library.stat().st_size
+    except OSError:
+        return None, f"{library.name} is missing", ""
+    if actual != size:
+        return None, f"{library.name} has {actual} bytes, the build recorded {size}", ""
+    if _sha256(library) != digest:
+        return None, f"{library.name} differs from the build's SHA-256", ""
+    return library, None, module
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _import(library: Path, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _take_aside(folder: Path, why: Optional[str] = None) -> None:
+    """Move ``folder`` out of the way (rename, then delete), saying ``why`` where given."""
+    if not folder.exists():
+        return
+    if why:
+        _warn(f"mgrit_gru: the cached CPU kernels in {folder} are refused ({why}); building anew")
+    aside = folder.with_name(f"{folder.name}.old-{os.getpid()}-{os.urandom(3).hex()}")
+    try:
+        folder.rename(aside)
+    except FileNotFoundError:  # another process moved it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _load_or_build(build: bool, fresh: bool):
+    folder = build_dir()
+    library, _, module = _validated(folder)
+    if library is not None and not fresh:
+        return _import(library, module)
+    if not build:
+        return None
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _BuildLock(folder) as previous:
+        if previous:
+            _warn(
+                f"mgrit_gru: an earlier build of the CPU kernels ({previous}) was interrupted; "
+                f"its lock and leftovers in {folder.parent} are cleared and the build starts anew"
+            )
+        library, problem, module = _validated(folder)
+        if library is not None and not fresh:  # another process built it meanwhile
+            return _import(library, module)
+        if problem:
+            _take_aside(folder, why=problem)
+        for left in folder.parent.glob(f"{folder.name}.*-*"):  # .tmp-, .old-: no one's now
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+        return _build(folder)
+
+
+def _build(folder: Path):
+    from torch.utils import cpp_extension
+
+    _warn(
+        f"mgrit_gru: compiling the CPU kernels for this machine once, into {folder} (about a "
+        f"minute; `{COMMAND}` does it ahead)"
+    )
+    ninja_dir = str(Path(sys.executable).parent)
+    if ninja_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja_dir + os.pathsep + os.environ.get("PATH", "")
+    work = Path(tempfile.mkdtemp(prefix=f"{folder.name}.tmp-{os.getpid()}-", dir=folder.parent))
+    try:
+        work.chmod(0o755)  # mkdtemp's 0700 would stay with the build once renamed
+        module = cpp_extension.load(
+            name=f"mgrit_gru_cpu_{folder.name}",
+            sources=[str(s) for s in SOURCES],
+            extra_cflags=list(FLAGS),
+            build_directory=str(work),
+            verbose=False,
+        )
+        library = Path(module.__file__)
+        for item in work.iterdir():  # objects, ninja's files, torch's lock: not needed now
+            if item != library:
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+        _fsync(library)
+        record = {
+            "library": library.name,
+            "module": module.__name__,
+            "size": library.stat().st_size,
+            "sha256": _sha256(library),
+            "torch": torch.__version__,
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (work / MANIFEST).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        _fsync(work / MANIFEST)
+        _take_aside(folder)  # fresh: the build it replaces
+        os.rename(work, folder)
+        _fsync(folder.parent)
+        return module
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _BuildLock:
+    """One builder per KEY across processes: an flock on KEY.lock, holding the builder's pid
+    while it builds. Entering waits for another builder (saying so after a few seconds) and
+    yields a description of the build that held it last and died mid-way, or ""."""
+
+    def __init__(self, folder: Path):
+        self.path = folder.with_name(f"{folder.name}.lock")
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> str:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is None:  # no flock here (Windows): builds in separate folders still work
+            return ""
+        start, told = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > WAIT_LIMIT_S:
+                    raise TimeoutError(
+                        f"{self._holder() or 'another process'} has been building the CPU "
+                        f"kernels in {self.path.parent} for {waited / 60:.0f} minutes"
+                    ) from None
+                if waited > WAIT_NOTICE_S and not told:
+                    told = True
+                    _warn(
+                        f"mgrit_gru: waiting for {self._holder() or 'another process'}, which "
+                        f"is building the CPU kernels in {self.path.parent}"
+                    )
+                time.sleep(0.2)
+            except OSError:  # a file system without locks: go on without one
+                break
+        previous = self._holder()
+        me = f"process {os.getpid()} on {platform.node()}, started {time.ctime()}"
+        self._write(me)
+        return previous
+
+    def _holder(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _write(self, text: str) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, text.encode(), 0)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._write("")  # a clean end, built or failed: nothing for the next one to report
+        finally:
+            os.close(self.fd)  # drops the flock
 
 
 def compiled_for(choice: str, t: torch.Tensor):

@@ -1,6 +1,7 @@
 """``python -m mgrit_gru.kernels``: build the compiled CPU kernels now (the README's set-up
-runs it); prints where they are, or why they cannot be built (exit 0 either way: the PyTorch
-code runs without them).
+runs it), or check the cached build; prints where they are, or why they cannot be built (exit 0
+either way: the PyTorch code runs without them). ``--rebuild`` builds them anew whatever is
+cached (the cached build stays in use until the new one is complete).
 
 ``python -m mgrit_gru.kernels --triton [--quick] [ARCH ...]``: compile every Triton kernel
 variant the GPU would run (GRU and LSTM; forward, adjoint and serial adjoint sweeps; held and
@@ -15,13 +16,22 @@ import sys
 import warnings
 
 
-def cpu() -> int:
+def cpu(rebuild: bool = False) -> int:
     from . import build_dir, error, load
+    from . import rebuild as load_anew
+
+    def say(message, *args, **kwargs):  # the library's warnings, as they come, one line each
+        print(f"{message}", file=sys.stderr, flush=True)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module = load()
+        warnings.simplefilter("always")
+        warnings.showwarning = say
+        module = load_anew() if rebuild else load()
     if module is None:
+        from . import _detail
+
+        if _detail and "\n" in _detail:  # the compiler's output, where the build failed
+            print(_detail, file=sys.stderr)
         print(f"mgrit-gru: compiled CPU kernels unavailable ({error()}); the PyTorch code runs")
     else:
         print(f"mgrit-gru: compiled CPU kernels ready in {build_dir()}")
@@ -119,4 +129,8 @@ if __name__ == "__main__":
     if argv[:1] == ["--triton"]:
         quick = "--quick" in argv
         sys.exit(triton_aot([int(a) for a in argv[1:] if a != "--quick"] or [90], quick))
-    sys.exit(cpu())
+    unknown = [a for a in argv if a != "--rebuild"]
+    if unknown:
+        print(f"mgrit-gru: unknown arguments {unknown}: --rebuild, or --triton [--quick] [ARCH]")
+        sys.exit(2)
+    sys.exit(cpu(rebuild="--rebuild" in argv))
