@@ -49,7 +49,7 @@ UCR = {
     "basicmotions": "BasicMotions",
 }
 # epochs sized so that 5 seeds x 2 recipes x 3 trainings take about 50 minutes on 2 cores
-EPOCHS = {"gunpoint": 30, "arrowhead": 30, "osuleaf": 10, "basicmotions": 30}
+EPOCHS = {"gunpoint": 30, "arrowhead": 20, "osuleaf": 8, "basicmotions": 20}
 RECIPES = {
     "chaotic": ["--pool", "max", "--batch-size", "7", "--lr", "0.01", "--schedule", "constant"],
     "smooth": ["--pool", "mean", "--batch-size", "7", "--lr", "3e-3", "--schedule", "cosine"],
