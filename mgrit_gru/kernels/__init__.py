@@ -18,11 +18,15 @@ the whole process by the environment variable ``MGRIT_GRU_KERNELS`` (``auto``, `
 where no such kernel can run is an error that says why; ``"auto"`` then runs the PyTorch code,
 and the solve statistics say which kernels ran (``SolveStats.kernels``).
 
-The build: :func:`build` compiles the C++ sources with ``torch.utils.cpp_extension`` (g++
-and ninja; ``-O3 -march=native``) into ``$MGRIT_GRU_BUILD`` or ``~/.cache/mgrit-gru/kernels``,
-in a folder named after the sources, torch's version and the CPU, so that another CPU or a
-changed source builds anew. The README's set-up builds it (``python -m mgrit_gru.kernels``,
-about a minute); a process that finds no build compiles it at its first compiled sweep.
+The build: :func:`load` compiles the C++ sources with ``torch.utils.cpp_extension`` (g++ and
+ninja; ``-O3 -march=native``) into ``$MGRIT_GRU_BUILD`` or ``~/.cache/mgrit-gru/kernels``, in
+a folder named after the sources, torch's version, the Python and the CPU (:func:`build_dir`),
+so that another CPU or a changed source builds anew. The README's set-up builds it (``python
+-m mgrit_gru.kernels``, about a minute); a process that finds no build compiles it at its first
+compiled sweep. The folder appears only complete (built beside it, then renamed), one process
+builds at a time, a killed build is reported and built anew, a cached build is checked against
+its manifest before it is loaded, and every failure runs the PyTorch steps with one warning
+(the section "the build" below says how).
 """
 
 from __future__ import annotations
