@@ -83,14 +83,14 @@ def test_adaptive_budget_is_deterministic_and_its_state_round_trips():
 
     a = mgrit_gru.GRU.from_torch(ref, solver=opts)
     b = mgrit_gru.GRU.from_torch(ref, solver=opts)
-    first, again = calls(a, 3), calls(b, 3)
+    first, again = calls(a, 2), calls(b, 2)
     for (ga, ia), (gb, ib) in zip(first, again):
         assert torch.equal(ga, gb) and ia == ib
     state = json.loads(json.dumps(a.solver_state()))  # plain data, as in a checkpoint
-    assert state["budget"]["keys"]["forward/0/False"]["calls"] == 3
+    assert state["budget"]["keys"]["forward/0/False"]["calls"] == 2
     c = mgrit_gru.GRU.from_torch(ref, solver=opts)
     c.load_solver_state(state)
-    for (ga, ia), (gc, ic) in zip(calls(a, 2), calls(c, 2)):
+    for (ga, ia), (gc, ic) in zip(calls(a, 1), calls(c, 1)):
         assert torch.equal(ga, gc) and ia == ic
 
 
