@@ -7,15 +7,16 @@ weights.
 
 The run trains as ``mgrit-gru train --recipe budget`` (the solver of ``--train-with``:
 ``budget``: the fixed 2/1 budget, ``serial``: the exact solve) and, every ``--every`` steps,
-solves the same batch with the same weights three ways: with the fixed 2/1 budget (its
-forward states, their relative max-norm error and the forward's final residual; its gradient),
-with the exact serial solve (the reference gradient g), and with the budget's forward but the
-exact adjoint (which part of the error the forward's states cause). Printed per check: the
-relative gradient error ||g_b - g|| / ||g||, its cosine, per parameter group (the GRU's, the
-head's), the states' error and residuals, the head's argmax agreement (max pooling reads one
-step per unit: the share of (sequence, unit) pairs whose maximum sits at another step) and the
-network's memory (the mean of the update gate z over the batch's steps, and the chunk factor:
-the product of z over a chunk of m steps, as mean log10).
+solves the same batch with the same weights twice: with the fixed 2/1 budget (its forward
+states, the forward's and the adjoint's residuals after their cycles, its gradient g_b) and
+with the exact serial solve (the reference gradient g). Printed per check: the relative
+gradient error ||g_b - g|| / ||g||, its cosine, the same per parameter group (the GRU's,
+the head's), the states' error (largest difference over the largest state), the logits'
+error, the head's argmax agreement (max pooling reads one step per unit: the share of
+(sequence, unit) pairs whose maximum sits at another step) and the network's memory (the
+mean update gate z, the chunk factor: the product of z over 32 steps, as mean log10, and the
+share of (sequence, chunk, unit) whose chunk factor is above 0.1: chunks that remember their
+start). Results: docs/convergence.md, "Training through a cycle budget".
 """
 
 from __future__ import annotations
