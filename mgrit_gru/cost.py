@@ -4,9 +4,21 @@ automatic solver choice.
 Every decision made from it is a function of counts (steps, rows, cycles), never of a clock:
 two runs of the same training make the same choices, and a resumed run continues exactly.
 
-A step over ``rows`` states (batch x chunks) of hidden size H costs ``o + c * rows``
-microseconds: a fixed overhead (Python, kernel launches) plus the arithmetic, whose cost grows
-as ``H^1.75`` over H = 32-128 on the CPU (the GEMMs' H^2 dominate at larger H). Three kinds:
+A step over ``rows`` states (batch x chunks) costs ``o + c * rows`` microseconds at hidden
+size 64 in float32: a fixed overhead (Python, kernel launches, one pass over ``W_hh``) plus
+the arithmetic of its rows. At another hidden size H (``x = H / 64``) and dtype
+(:func:`step_us`, the one formula every price goes through)::
+
+    max(o + WEIGHT_ROWS * c' * (x^2 - 1), 0) + c' * rows * (ROW_SHAPE[0] + ROW_SHAPE[1] * x
+                                                             + ROW_SHAPE[2] * x^2)
+
+with ``c' = c * DTYPE[dtype]``: a row's cost has a part per row (the call's bookkeeping,
+about 3% of it at H = 64), a part per hidden unit (the gate math: sigmoids, tanh) and the
+GEMM's H^2; the step's pass over ``W_hh`` (about WEIGHT_ROWS rows' worth at H = 64) grows as
+H^2 whatever the rows. (Until 2026-12-05 the model scaled ``c`` by ``x^1.75``, fitted over
+H = 32-128: at H = 8 that priced a row 5x below its cost, at H = 1 25x, so MGRIT's wide
+sweeps at small H looked 30x cheaper than they ran; docs/design.md, "The cost model".)
+Three kinds:
 
 - ``"step"``: the library's batched forward step (MGRIT's sweeps; the serial loop where it is
   used);
@@ -80,7 +92,26 @@ BUILTIN = {
     },
 }
 CALIBRATION = BUILTIN  # its former name
-H_EXPONENT = 1.75
+# How a step's cost changes with the hidden size and the dtype (measured with
+# benchmarks/cost_check.py --shape on the AMD EPYC, one thread, H = 1-256, rows 8-2048, every
+# kind; each kind's per-row cost against H = 64 within 0.7-1.5x of this one shape at H >= 4):
+# a row's cost per c at x = H / 64 is ROW_SHAPE[0] + ROW_SHAPE[1] x + ROW_SHAPE[2] x^2 (1 at
+# H = 64); the step's pass over W_hh costs WEIGHT_ROWS rows' worth at H = 64, x^2 that
+# elsewhere; float64 costs DTYPE times float32's per row (half the SIMD lanes; 1.3-2x
+# measured, 2 from H = 16 on). A calibration measures (o, c) at H = 64 in float32 only.
+# The pass over W_hh at few rows costs DTYPE_WEIGHTS times float32's in float64 (4.4x in the
+# per-H fits at H = 64 and 256, 3 fits the check's serial solves at B = 1-4 better).
+ROW_SHAPE = (0.03, 0.63, 0.34)
+WEIGHT_ROWS = 2.0
+DTYPE = {torch.float64: 2.0}
+DTYPE_WEIGHTS = {torch.float64: 3.0}
+# A call's fixed part that no step counts (Python: the module's checks, the input gates'
+# call, work buffers, stats), in the table's "step" overheads (the machine's Python speed):
+# CALL_STEPS for any solve (1.3-1.8 ms measured at T = 1 on the AMD EPYC, about 7 of its
+# "step" overheads), LEVEL_STEPS more per MGRIT level beyond the first (its hierarchy, the
+# stopping tests, the coarse solves' calls: 2-5 ms at 2-3 levels, T = 1e3-1e4, B = 1).
+CALL_STEPS, LEVEL_STEPS = 7.0, 15.0
+H_EXPONENT = 1.75  # the former model's c * x^1.75 (the projection's machine tables use it)
 KINDS = ("step", "fused", "adjoint", "sweep", "sweep_adjoint")
 THREADS = 1  # a calibration is measured at one thread (torch.set_num_threads(1))
 ENV, CACHE_ENV = "MGRIT_GRU_CALIBRATION", "MGRIT_GRU_CACHE"
@@ -242,13 +273,43 @@ def _kind(device: str) -> str:
     return kind if kind in BUILTIN else "cpu"
 
 
+def row_scale(hidden: int) -> float:
+    """A row's cost at hidden size ``hidden`` per its cost at H = 64 (:data:`ROW_SHAPE`)."""
+    a, b, q = ROW_SHAPE
+    x = hidden / 64
+    return (a + b * x + q * x * x) / (a + b + q)  # exactly 1 at H = 64
+
+
+def dtype_scale(dtype=None, device: str = "cpu", factors: Optional[dict] = None) -> float:
+    """A row's cost in ``dtype`` per its cost in float32 (``factors``, default :data:`DTYPE`;
+    1 off the CPU, whose table is one dtype's)."""
+    if dtype is None or _kind(device) != "cpu":
+        return 1.0
+    return (DTYPE if factors is None else factors).get(dtype, 1.0)
+
+
+def price(o: float, c: float, rows: float, hidden: int, dtype=None, device: str = "cpu") -> float:
+    """The model of one step over ``rows`` states from its table entry ``(o, c)`` (at H = 64,
+    float32): the module's formula (the fixed part never below zero)."""
+    # o holds one pass over W_hh at H = 64 (WEIGHT_ROWS rows' worth): elsewhere it scales
+    weights = dtype_scale(dtype, device, DTYPE_WEIGHTS) * (hidden / 64) ** 2
+    fixed = max(o + WEIGHT_ROWS * c * (weights - 1.0), 0.0)
+    return fixed + c * dtype_scale(dtype, device) * rows * row_scale(hidden)
+
+
 def step_us(
-    kind: str, rows: int, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None
+    kind: str,
+    rows: int,
+    hidden: int,
+    device: str = "cpu",
+    cell_costs: Optional[dict] = None,
+    dtype=None,
 ) -> float:
     """Modelled time of one step of ``kind`` over ``rows`` states; ``cell_costs``: a cell's
-    :data:`mgrit_gru.layer.cell.Cell.costs` (its steps against the GRU's), or None (a GRU)."""
+    :data:`mgrit_gru.layer.cell.Cell.costs` (its steps against the GRU's), or None (a GRU);
+    ``dtype``: the states' (None: float32)."""
     o, c = _costs(table()[_kind(device)], kind, cell_costs)
-    return o + c * rows * (hidden / 64) ** H_EXPONENT
+    return price(o, c, rows, hidden, dtype, device)
 
 
 def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, float]:
@@ -268,23 +329,25 @@ def call_us(kind: str, device: str = "cpu", cell_costs: Optional[dict] = None) -
     return table()[_kind(device)][entry[0]][0] * entry[3]
 
 
-def overhead_rows(hidden: int, device: str = "cpu", kind: str = "step") -> float:
-    """``o / c``: the rows whose arithmetic costs as much as one step's overhead."""
+def overhead_rows(hidden: int, device: str = "cpu", kind: str = "step", dtype=None) -> float:
+    """The rows whose arithmetic costs as much as one step's fixed part."""
     o, c = table()[_kind(device)][kind]
-    return o / (c * (hidden / 64) ** H_EXPONENT)
+    per_row = c * dtype_scale(dtype, device) * row_scale(hidden)
+    return price(o, c, 0, hidden, dtype, device) / per_row
 
 
 class Meter:
     """Adds up the modelled cost of the steps a solve runs (its propagators report to it);
-    the table is the one in use when the meter is made."""
+    the table is the one in use when the meter is made; ``dtype``: the solve's."""
 
-    def __init__(self, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None):
-        self.hidden, self.device = hidden, device
+    def __init__(
+        self, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None, dtype=None
+    ):
+        self.hidden, self.device, self.dtype = hidden, device, dtype
         self.spent = 0.0
         self.row_steps = 0  # steps times their rows: the recurrent GEMMs' rows, all kinds
         self._costs = table()[_kind(device)]
         self._cell_costs = cell_costs
-        self._scale = (hidden / 64) ** H_EXPONENT
 
     def add(
         self, kind: str, rows: int, calls: int = 1, level: int = 0, cost_kind: str = ""
@@ -301,7 +364,7 @@ class Meter:
         stand for other work (passes over all rows that the alternative does without): no
         row-steps, no trace entry."""
         o, c = _costs(self._costs, kind, self._cell_costs)
-        self.spent += calls * (o + c * rows * self._scale)
+        self.spent += calls * price(o, c, rows, self.hidden, self.dtype, self.device)
 
 
 def serial_us(
@@ -311,8 +374,51 @@ def serial_us(
     hidden: int,
     device: str = "cpu",
     cell_costs: Optional[dict] = None,
+    dtype=None,
 ) -> float:
     """Modelled time of a serial sweep of ``steps`` steps over ``batch`` sequences (and the
     kernel's fixed cost per call, where a cell states one: :func:`call_us`)."""
     per_call = call_us(kind, device, cell_costs)
-    return per_call + steps * step_us(kind, batch, hidden, device, cell_costs)
+    return per_call + steps * step_us(kind, batch, hidden, device, cell_costs, dtype)
+
+
+# The automatic choice's a-priori test (mgrit_gru.layer.control.solve_guarded): every MGRIT
+# solve runs at least its first F-relaxation, m - 1 steps over all T / m chunks' rows (then a
+# C-relaxation, an F-relaxation that exits early, the coarse levels: about twice that in every
+# solve benchmarks/cost_check.py ran). The model is within 0.5-2x of the measured times over
+# H = 1-256, B = 1-64, T = 1e3-1e5 in both dtypes (docs/measurements.md, "The cost model's
+# check"), so where that least part alone is not below the serial solve by more than that
+# factor (ERROR), MGRIT may be the slower way and auto solves serially without trying it.
+ERROR = 2.0
+
+
+def fixed_us(levels: int = 1, device: str = "cpu") -> float:
+    """A call's fixed part that its steps do not count (:data:`CALL_STEPS`, and
+    :data:`LEVEL_STEPS` per MGRIT level beyond the first), from the table's "step" overhead."""
+    o = table()[_kind(device)]["step"][0]
+    return o * (CALL_STEPS + LEVEL_STEPS * max(levels - 1, 0))
+
+
+def first_relaxation_us(
+    kind: str,
+    chunk: int,
+    chunks: int,
+    batch: int,
+    hidden: int,
+    device: str = "cpu",
+    cell_costs: Optional[dict] = None,
+    dtype=None,
+    levels: int = 2,
+) -> float:
+    """Modelled time of MGRIT's first F-relaxation on level 0, ``chunk - 1`` steps of ``kind``
+    over ``chunks * batch`` rows, and the fixed part of its ``levels`` beyond the serial
+    solve's (:func:`fixed_us`): the least an MGRIT solve runs beyond what serial does."""
+    rows = chunks * batch
+    sweep = max(chunk - 1, 0) * step_us(kind, rows, hidden, device, cell_costs, dtype)
+    return sweep + fixed_us(levels, device) - fixed_us(1, device)
+
+
+def mgrit_hopeless(least: float, serial: float) -> bool:
+    """Whether MGRIT's least cost ``least`` is within the model's :data:`ERROR` of the
+    serial solve's ``serial`` (both modelled): then it cannot be shown to win."""
+    return serial > 0 and least * ERROR >= serial

@@ -79,7 +79,10 @@ def test_cache_round_trip_keyed_by_machine_and_torch(tmp_path, monkeypatch):
     assert now.origin == "cached" and now.path == str(path) and cost.cpu_name() in now.describe()
     assert now.table["cpu"] == ROW and now.table["cuda"] == cost.BUILTIN["cuda"]
     assert cost.overhead_rows(64) == pytest.approx(24.0)
-    assert cost.step_us("adjoint", 10, 128) == pytest.approx(5.0 + 0.25 * 10 * 2**1.75)
+    weights = cost.WEIGHT_ROWS * 0.25 * (2**2 - 1)  # the pass over W_hh grows as H^2
+    assert cost.step_us("adjoint", 10, 128) == pytest.approx(
+        5.0 + weights + 0.25 * 10 * cost.row_scale(128)
+    )
     # another CPU or another torch: not this machine's entry
     monkeypatch.setattr(cost, "cpu_name", lambda: "Intel Xeon Test")
     cost.reload()

@@ -22,7 +22,7 @@ def mgrit_step_costs(monkeypatch):
     def set_factor(factor: float) -> None:
         def scaled(self, kind, rows, calls=1, level=0, cost_kind=""):
             add(self, kind, rows, calls, level, cost_kind)
-            step = cost.step_us(cost_kind or kind, rows, self.hidden)
+            step = cost.step_us(cost_kind or kind, rows, self.hidden, dtype=self.dtype)
             self.spent += (factor - 1) * calls * step
 
         monkeypatch.setattr(cost.Meter, "add", scaled)
@@ -182,6 +182,52 @@ def test_auto_with_compiled_sweeps_prices_them():
     stats = _call(gru, x, ref)
     assert {s.kernels for s in stats.solves} == {"compiled"}
     fwd, bwd = stats.forward[0], stats.backward[0]
-    assert fwd.serial_cost == pytest.approx(2000 * cost.step_us("sweep", 2, 8), rel=1e-9)
-    assert bwd.serial_cost == pytest.approx(2000 * cost.step_us("sweep_adjoint", 2, 8), rel=1e-9)
+    sweep, adjoint = (cost.step_us(k, 2, 8, dtype=x.dtype) for k in ("sweep", "sweep_adjoint"))
+    assert fwd.serial_cost == pytest.approx(2000 * sweep, rel=1e-9)
+    assert bwd.serial_cost == pytest.approx(2000 * adjoint, rel=1e-9)
     assert fwd.row_steps >= 2000 * 2 and bwd.row_steps >= 2000 * 2  # at least a sweep each
+
+
+@pytest.mark.parametrize(
+    "hidden, steps, dtype",
+    [(8, 100_000, torch.float64), (1, 20_000, torch.float32), (24, 30_000, torch.float64)],
+)
+def test_auto_does_not_try_mgrit_that_the_model_rules_out(hidden, steps, dtype):
+    """Issue 39, item 3: at long T, one sequence and a small hidden size MGRIT's first
+    relaxation alone (m - 1 steps over all T / m chunks) costs about the whole serial sweep,
+    which the model now prices (a row's cost at small H is mostly its gate math, not the
+    GEMM's H^2): auto solves serially without trying MGRIT, and says why. (The built-in
+    table, not a clock.)"""
+    torch.manual_seed(0)
+    gru = mgrit_gru.GRU(1, hidden, dtype=dtype, kernels="compiled")  # solver="auto"
+    with torch.no_grad():
+        gru(torch.randn(steps, 1, 1, dtype=dtype))
+    fwd = gru.last_stats.forward[0]
+    assert fwd.skipped and not fwd.by_mgrit and fwd.levels == 1 and not fwd.fell_back
+    assert fwd.reason.startswith("auto: serial (the model prices MGRIT's first relaxation")
+    assert fwd.cost == pytest.approx(fwd.serial_cost)  # nothing was spent on MGRIT
+    m = mgrit_gru.MGRIT().resolve(steps, 1, hidden).cfactor
+    least = cost.first_relaxation_us("sweep", m, -(-steps // m), 1, hidden, dtype=dtype, levels=2)
+    assert cost.mgrit_hopeless(least, fwd.serial_cost)
+
+
+def test_the_model_prices_small_hidden_sizes_and_float64():
+    """The cause of item 3: the former model scaled a row's cost by (H / 64)^1.75, which at
+    H = 8 is 0.026 of H = 64's (measured: 0.11-0.13) and at H = 1 7e-4 (measured 0.02-0.04);
+    float64 was priced as float32 (measured 1.3-2x a row, 4x the pass over W_hh)."""
+    rows = 4096
+    wide = {h: cost.step_us("sweep", rows, h) for h in (1, 8, 64, 256)}
+    assert 0.02 < wide[1] / wide[64] < 0.06 and 0.09 < wide[8] / wide[64] < 0.16
+    assert 6 < wide[256] / wide[64] < 10
+    assert cost.row_scale(64) == 1.0 and cost.step_us("sweep", 10, 64) == pytest.approx(
+        sum(cost.BUILTIN["cpu"]["sweep"][i] * (1, 10)[i] for i in (0, 1))
+    )
+    for h in (1, 8, 64, 256):
+        f32 = cost.step_us("sweep", rows, h, dtype=torch.float32)
+        f64 = cost.step_us("sweep", rows, h, dtype=torch.float64)
+        assert f64 == pytest.approx(2 * f32, rel=0.05)
+    # a step's pass over W_hh: at one row H = 256 costs far more than its row
+    assert cost.step_us("sweep", 1, 256) > 10 * cost.step_us("sweep", 1, 64) / 2
+    # the a-priori test: MGRIT that cannot win by more than the model's error is not tried
+    assert cost.mgrit_hopeless(60.0, 100.0) and not cost.mgrit_hopeless(40.0, 100.0)
+    assert not cost.mgrit_hopeless(1.0, 0.0)
