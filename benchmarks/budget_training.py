@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,17 +101,28 @@ def dataset_args(out: Path, dataset: str) -> list[str]:
     return args
 
 
+def finished(folder: Path) -> bool:
+    """Whether a run trained all its epochs (its metrics; the report is written after)."""
+    try:
+        epochs = json.loads((folder / "config.json").read_text())["epochs"]
+        return len((folder / "metrics.jsonl").read_text().splitlines()) >= epochs
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def run_one(out: Path, dataset: str, config: str, seed: int) -> Path:
     folder = out / dataset / config / f"seed-{seed}"
-    if (folder / "report.md").exists():
+    if (folder / "report.md").exists() or finished(folder):
         return folder
+    if folder.exists():  # an interrupted run: trained anew
+        shutil.rmtree(folder)
     argv = [sys.executable, "-m", "mgrit_gru.cli", "train", *COMMON, *dataset_args(out, dataset)]
     argv += [*CONFIGS[config], "--seed", str(seed), "--out", str(folder)]
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"seed-{seed}.log", "w") as log:
         done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise RuntimeError(f"{dataset} {config} seed {seed} failed: see {log.name}")
+    if done.returncode != 0 and not finished(folder):
+        print(f"failed: {dataset} {config} seed {seed}: see {log.name}", flush=True)
     return folder
 
 

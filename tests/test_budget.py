@@ -206,9 +206,13 @@ def test_a_budget_run_evaluates_with_its_budget_and_serially(f32, tmp_path, caps
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in rows]
 
 
-def test_recipe_combines_with_otherflags(f32, tmp_path):
+def test_recipe_combines_with_otherflags(f32, tmp_path, capsys):
     run = tmp_path / "b"
     argv = ["train", *flags({**SMALL, "epochs": 1}), "--recipe", "budget", "--pool", "mean"]
+    # the recipe's budget is adaptive, which solves the adjoint
+    assert main([*argv, "--budget-gradient", "unrolled", "--out", str(run)]) != 0
+    assert "add --budget-theta none" in capsys.readouterr().err
+    argv += ["--budget-theta", "none"]  # the fixed 2/1
     assert main([*argv, "--budget-gradient", "unrolled", "--out", str(run)]) == 0
     cfg = TrainConfig(**json.loads((run / "config.json").read_text()))
     assert cfg.pool == "mean" and cfg.budget == Budget(2, 1, None, "unrolled")

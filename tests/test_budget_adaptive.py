@@ -11,7 +11,7 @@ from conftest import APP_SMALL, flags, make_ref
 
 import mgrit_gru
 from mgrit_gru import MGRIT, AdaptiveBudget, Budget
-from mgrit_gru.app.config import TrainConfig
+from mgrit_gru.app.config import TrainConfig, with_recipe
 from mgrit_gru.cli import main
 from mgrit_gru.layer.control import BudgetMemory, budget_memory
 
@@ -147,3 +147,7 @@ def test_cli_adaptive_budget_flags_report_and_progress(f32, tmp_path, capsys):
     assert "est. grad err" in (run / "report.md").read_text()
     with pytest.raises(ValueError, match="--budget-theta"):
         TrainConfig(solver="mgrit", budget_theta=0.1)
+    # --recipe budget is the adaptive budget at theta 0.1; --budget-theta none the fixed 2/1
+    assert TrainConfig(**with_recipe({"recipe": "budget"})).budget == AdaptiveBudget(2, 1)
+    fixed = TrainConfig(**with_recipe({"recipe": "budget", "budget_theta": None}))
+    assert fixed.budget == Budget(2, 1) and not fixed.budget.adaptive

@@ -63,8 +63,11 @@ RECIPES = {
         budget_backward_relax="F",
     ),
     # The same budget with this library's defaults: classic cell, cfactor auto, secant
-    # coarse correction, every level's relaxation FCF.
-    "budget": dict(solver="mgrit", budget_forward=2, budget_backward=1),
+    # coarse correction, every level's relaxation FCF; adaptive since 2026-12-05: at least
+    # 2/1 cycles, more where the gradient's estimated error would pass 0.1 (the fixed one
+    # fell far behind serial training on ArrowHead and OSULeaf with a max-pooled head,
+    # docs/measurements.md, "Adaptive-budget training"); --budget-theta none: the fixed 2/1.
+    "budget": dict(solver="mgrit", budget_forward=2, budget_backward=1, budget_theta=0.1),
 }
 
 
@@ -91,7 +94,9 @@ class TrainConfig:
         None,
         "a preset whose options apply under the ones given: torchbraid (the paper's "
         "fixed-budget training: implicit cell, 3 levels, cfactor 4, 2 forward / 1 adjoint "
-        "cycles) or budget (the same budget with this library's defaults)",
+        "cycles) or budget (at least the same cycles with this library's defaults, more "
+        "where the gradient's estimated error would pass 0.1: --budget-theta none for the "
+        "fixed 2/1)",
     )
     length: Optional[int] = _opt(
         None,
@@ -339,6 +344,13 @@ class TrainConfig:
             raise ValueError(
                 "--budget-theta (an adaptive budget) needs --budget-forward and "
                 "--budget-backward (its least cycles) or --recipe budget"
+            )
+        if self.budget_theta is not None and self.budget_gradient == "unrolled":
+            source = ", set by --recipe budget" if self.recipe == "budget" else ""
+            raise ValueError(
+                f"--budget-gradient unrolled differentiates a fixed budget's cycles; the "
+                f"adaptive budget (--budget-theta {self.budget_theta}{source}) solves the "
+                "adjoint: add --budget-theta none"
             )
         if self.model == "lstm":
             gru_only = {
