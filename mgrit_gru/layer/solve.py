@@ -642,9 +642,11 @@ def forward_solve(
         points[T] = result.uend
     else:
         points = flat_points(result.u, result.uend)[off : off + T + 1]
-    if plan is not None:  # a budget learns its error; at a check against the exact states
+    # a budget learns its error; at a check against the exact states (not while a trace
+    # records: a trace stands for the ranks' training step, which the check is not part of)
+    if plan is not None:
         measured = None
-        if plan.check and tg is None:
+        if plan.check and tg is None and not trace.active():
             with torch.no_grad():
                 exact, _ = cell.reference_layer(x, h0, w_ih, w_hh, b_ih, b_hh, mask)
             measured = _relative(points[1:], exact, "max")
@@ -953,7 +955,7 @@ def adjoint_solve(
         # the exact adjoint at the same states (the library's own serial loop, whose result
         # is lam as the budget's is)
         measured = None
-        if plan.check and tg is None:
+        if plan.check and tg is None and not trace.active():
             fused = whole = False  # noqa: F841 (read by run)
             exact = run([Grid(N=T, m=T, n=1)])
             measured = _relative(lam_rev, flat_points(exact.u, exact.uend), "two")
