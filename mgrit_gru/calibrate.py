@@ -212,14 +212,24 @@ def measure(
 # -- the cache ------------------------------------------------------------------------------
 
 
+def _file_mode() -> int:
+    """What a plain ``open()`` gives a new file under this process's umask (mkstemp's own
+    mode is 0600: a run's calibration.json would be the one file its group cannot read)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_json_atomic(path: Path, data) -> None:
-    """Write ``data`` to ``path`` as JSON through a temporary file and os.replace."""
+    """Write ``data`` to ``path`` as JSON through a temporary file and os.replace, with the
+    permissions of a plain ``open()``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.write("\n")
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,9 +41,14 @@ def _train(args: argparse.Namespace) -> None:
             f"would train the same run into the same folder; add --time-parallel {world} (one "
             "sequence split over the processes), or run mgrit-gru train without torchrun"
         )
-    calibrate.for_run(cfg, run, bool(args.resume))  # this machine's cost model, pinned
-    with _ranks_report_failures(cfg, run):
-        history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
+    made = [] if args.resume else _new_folders(run)  # what this command creates
+    try:
+        calibrate.for_run(cfg, run, bool(args.resume))  # this machine's cost model, pinned
+        with _ranks_report_failures(cfg, run):
+            history = train.train(cfg, run, resume=bool(args.resume), progress=not args.no_progress)
+    except BaseException:
+        _remove_unstarted(made)
+        raise
     if cfg.time_parallel > 1 and torch.distributed.get_rank() != 0:
         return  # rank 0 writes the report
     try:
@@ -52,6 +58,37 @@ def _train(args: argparse.Namespace) -> None:
             f"Ctrl-C while the run's report was written; the training finished and "
             f"{run / train.CHECKPOINT} holds it: mgrit-gru train --resume {run} writes the report"
         ) from None
+
+
+# What a run folder holds before its training has done anything: a train that fails on its
+# arguments (an unknown --dataset, a --length the data refuses) takes them away again.
+UNSTARTED = ("calibration.json", "config.json")
+
+
+def _new_folders(run: Path) -> list[Path]:
+    """The folders, ``run`` and those above it, that do not exist yet (innermost first)."""
+    new = []
+    for folder in (run, *run.parents):
+        if folder.exists():
+            break
+        new.append(folder)
+    return new
+
+
+def _remove_unstarted(made: list[Path]) -> None:
+    """Remove the folders this command made (``made``, innermost first) where they hold
+    nothing but :data:`UNSTARTED` files (a checkpoint, a log or anything else keeps them)."""
+    for folder in made:
+        try:
+            if not folder.is_dir() or any(
+                p.name not in UNSTARTED or not p.is_file() for p in folder.iterdir()
+            ):
+                return
+            for name in UNSTARTED:
+                (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+        except OSError:
+            return
 
 
 @contextlib.contextmanager
@@ -294,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# torch's warnings that tell a command's user nothing to act on, kept out of its output:
+# torch.nn.LSTM with proj_size (the speed check's and --solver torch's baseline) runs torch's
+# own loop instead of oneDNN's, and says so in the middle of the progress lines.
+QUIET = (r"LSTM with projections is not supported with oneDNN",)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .app.train import Interrupted
     from .distributed import TimeParallelError
@@ -302,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        with warnings.catch_warnings():
+            for message in QUIET:
+                warnings.filterwarnings("ignore", message=message, category=UserWarning)
+            args.func(args)
     except Interrupted as exc:
         print(f"mgrit-gru {args.command}: {exc}", file=sys.stderr)
         return 130  # the shell's code for a run stopped by Ctrl-C

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..options import AUTO_TOL
 from .config import TrainConfig, torch_module_name
+from .speed import count
 
 COLORS = {"mgrit": "tab:blue", "serial": "tab:orange", "torch": "tab:green"}
 # Runs of exact solvers often coincide: distinct line styles and markers keep each visible.
@@ -250,7 +251,8 @@ def speed_text(speed: dict) -> str:
     text = (
         f"One training step (forward and backward of the loss) on the first {speed['batches']} "
         f"training batches with the final weights, each solver timed interleaved, "
-        f"{speed['repeats']} repeats, {speed['threads']} threads (median). Speed-up of this "
+        f"{count(speed['repeats'], 'repeat')}, {count(speed['threads'], 'thread')} (median). "
+        "Speed-up of this "
         f"run's solver ({own}) over each:\n\n| solver | ms per step | speed-up of {own} |\n"
         "|---|---|---|\n" + "\n".join(rows)
     )

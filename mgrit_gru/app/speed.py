@@ -16,6 +16,11 @@ from ..options import MGRIT
 from .config import torch_module_name
 
 
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 thread", "2 threads"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _step(model, x, lengths, y) -> None:
     model.zero_grad(set_to_none=True)
     F.cross_entropy(model(x, lengths), y).backward()
@@ -126,7 +131,7 @@ def speed_line(result: dict) -> str:
     ran = f", {'/'.join(kernels)} kernels" if kernels else ""
     text = (
         f"speed: training step ({result['batches']} batches, final weights, "
-        f"{result['threads']} threads{ran}): " + " | ".join(parts)
+        f"{count(result['threads'], 'thread')}{ran}): " + " | ".join(parts)
     )
     if result.get("mgrit_share") is not None:
         text += f"; MGRIT gave {100 * result['mgrit_share']:.0f}% of the solves"

@@ -13,15 +13,32 @@ from .replay import expand, replay
 
 # How far the models' predictions were from measurements (docs/projection.md, "Validation"):
 # predicted / measured over every point measured, with the command that measured them.
+# The CPU band is the compiled sweeps' (the kernels every CPU run uses since 2026-12-05); the
+# PyTorch steps' 0.74-1.33 on an Intel Xeon (2026-12-04) is history (docs/projection.md).
 VALIDATION = {
-    "cpu": "CPU model: predicted/measured 0.74-1.33 at 1-2 ranks on this project's 2-core Intel "
-    "Xeon (T = 4096-65536; random and trained weights; benchmarks/projection_check.py, "
-    "2026-12-04)",
+    "cpu": "CPU model: predicted/measured 0.93-1.00 at one rank, 0.55-0.73 at two on this "
+    "project's 2-core AMD EPYC (the compiled sweeps; T = 16384, random and trained weights; "
+    "benchmarks/scaling.py --ranks 1 2, 2026-12-05)",
     "cuda": "H200 model: predicted/measured 1.00-1.31 on the held-out T = 16384-65536 of its "
     "calibration lease, 0.80-1.63 over all 10 steps of it, 1.19-1.58 on another lease's "
     "(2026-12-04; benchmarks/gpu_validation.py)",
 }
+VALIDATED_ON = {"cpu": "AMD EPYC"}  # the CPU model name (/proc/cpuinfo) the band was measured on
 DEFAULT_LINKS = {"cpu": ["shm", "10gbe", "ib"], "cuda": []}
+
+
+def validation(kind: str) -> str:
+    """The model's validation band for a device ``kind``, and, on a CPU of another model than
+    the band's, that this one is not validated."""
+    from .. import cost
+
+    text = VALIDATION[kind]
+    where = VALIDATED_ON.get(kind)
+    if where is not None and cost.cpu_name() != where:
+        text += f"; this CPU ({cost.cpu_name()}) is not validated: the band may not hold"
+    return text
+
+
 DRIFT_WARN = 1.3  # a step timed now over the calibration's price above which a run warns
 
 
@@ -173,7 +190,7 @@ def _row(P, solver, dev, link, ms, serial_s, torch_s) -> dict:
         "x_serial": round(1e3 * serial_s / ms, 3),
         "x_torch": None if torch_s is None else round(1e3 * torch_s / ms, 3),
         "projected": True,
-        "validation": VALIDATION[dev.kind],
+        "validation": validation(dev.kind),
     }
 
 
@@ -183,7 +200,7 @@ def _print(rows: list[dict], args, dev) -> None:
         f"input={args.input} hidden={args.hidden} layers={args.layers}; device model: "
         f"{dev.name} ({dev.source})"
     )
-    print(f"model validation: {VALIDATION[dev.kind]} (below 1: the model's times were too short)")
+    print(f"model validation: {validation(dev.kind)} (below 1: the model's times were too short)")
     if args.checkpoint:
         print(f"weights and inputs: {args.checkpoint}")
     else:
