@@ -5,7 +5,8 @@
 The measurement is :mod:`mgrit_gru.calibrate`'s (``mgrit-gru calibrate --full`` measures the
 same and caches it for this machine); this prints every fit, the table at H = 64 in the form
 of ``mgrit_gru.cost.BUILTIN`` and how well the model's H-scaling predicts the other hidden
-sizes. Nothing is cached.
+sizes (``mgrit_gru.cost.row_scale``; ``benchmarks/cost_check.py`` checks whole solves against
+the model). Nothing is cached.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def main() -> None:
     args = p.parse_args()
     print(f"step_cost: one thread, fp32, torch {torch.__version__}; times in us per step")
     fits = calibrate.measure_fits(args.hidden, args.rows, args.rounds, log=print)
-    print(f"\nBUILTIN['cpu'] at H=64, c scaled by (64/H)^{cost.H_EXPONENT} from each H:")
+    print("\nBUILTIN['cpu'] at H=64, c scaled by the model's row_scale(H) from each H:")
     for kind, per_h in fits.items():
-        scaled = {H: c * (64 / H) ** cost.H_EXPONENT for H, (_, c) in per_h.items()}
+        scaled = {H: c / cost.row_scale(H) for H, (_, c) in per_h.items()}
         o64, c64 = calibrate.at_h64(per_h)
         print(
             f'  "{kind}": ({o64:.1f}, {c64:.3f}),   c at H=64 from each H: '

@@ -15,7 +15,7 @@ timings, the rounds interleaved over the row counts so that a disturbance falls 
 them alike. (The built-in table was measured as wall-clock medians on an idle machine; there
 the two agree.) Per kind and hidden size ``time = o + c * rows`` is fitted by least squares
 in relative error (every row count counts alike, not the largest one most); the table is the
-fit at H = 64 (from another H, ``c`` scaled by ``(64 / H)^H_EXPONENT``).
+fit at H = 64 (from another H, ``c`` divided by the model's ``cost.row_scale(H)``).
 
 A calibration is measured only on request (``mgrit-gru calibrate``, or the first
 ``mgrit-gru train`` on a machine without one: :func:`for_run`), never inside a library call,
@@ -83,7 +83,7 @@ def _measuring():
 def _steps(kind: str, rows: int, H: int, least: int, most: int) -> int:
     """Steps per timing: about :data:`UNIT_US` by the built-in model, in [least, most]."""
     o, c = cost.BUILTIN["cpu"][kind]
-    return int(min(max(UNIT_US / (o + c * rows * (H / 64) ** cost.H_EXPONENT), least), most))
+    return int(min(max(UNIT_US / cost.price(o, c, rows, H), least), most))
 
 
 def _sweep(
@@ -166,10 +166,10 @@ def fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 
 def at_h64(per_h: dict[int, tuple[float, float]]) -> tuple[float, float]:
-    """The fit at H = 64, or from the nearest H with ``c`` scaled by ``(64 / H)^1.75``."""
+    """The fit at H = 64, or from the nearest H with ``c`` divided by ``cost.row_scale(H)``."""
     H = min(per_h, key=lambda h: (abs(h - 64), h))
     o, c = per_h[H]
-    return o, c * (64 / H) ** cost.H_EXPONENT
+    return o, c / cost.row_scale(H)
 
 
 def measure_fits(

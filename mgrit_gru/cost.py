@@ -9,15 +9,18 @@ size 64 in float32: a fixed overhead (Python, kernel launches, one pass over ``W
 the arithmetic of its rows. At another hidden size H (``x = H / 64``) and dtype
 (:func:`step_us`, the one formula every price goes through)::
 
-    max(o + WEIGHT_ROWS * c' * (x^2 - 1), 0) + c' * rows * (ROW_SHAPE[0] + ROW_SHAPE[1] * x
-                                                             + ROW_SHAPE[2] * x^2)
+    max(o + WEIGHT_ROWS * c * (DTYPE_WEIGHTS[dtype] * x^2 - 1), 0)
+        + c * DTYPE[dtype] * rows * (a + b x + q x^2) / (a + b + q),   (a, b, q) = ROW_SHAPE
 
-with ``c' = c * DTYPE[dtype]``: a row's cost has a part per row (the call's bookkeeping,
-about 3% of it at H = 64), a part per hidden unit (the gate math: sigmoids, tanh) and the
-GEMM's H^2; the step's pass over ``W_hh`` (about WEIGHT_ROWS rows' worth at H = 64) grows as
-H^2 whatever the rows. (Until 2026-12-05 the model scaled ``c`` by ``x^1.75``, fitted over
-H = 32-128: at H = 8 that priced a row 5x below its cost, at H = 1 25x, so MGRIT's wide
-sweeps at small H looked 30x cheaper than they ran; docs/design.md, "The cost model".)
+(the dtype factors 1 but for float64 on the CPU): a row's cost has a part per row (the
+call's bookkeeping, about 3% of it at H = 64), a part per hidden unit (the gate math:
+sigmoids, tanh) and the GEMM's H^2; the step's pass over ``W_hh`` (about WEIGHT_ROWS rows'
+worth at H = 64) grows as H^2 whatever the rows. A call's fixed part, which no step counts,
+is :func:`fixed_us`; the automatic choice's a-priori test is :func:`first_relaxation_us` and
+:func:`mgrit_hopeless`. Everything is one thread's (:data:`THREADS`). (Until 2026-12-05
+the model scaled ``c`` by ``x^1.75``, fitted over H = 32-128: at H = 8 that priced a row 5x
+below its cost, at H = 1 30-60x, so MGRIT's wide sweeps at small H looked 30x cheaper than
+they ran; docs/design.md, "The cost model".)
 Three kinds:
 
 - ``"step"``: the library's batched forward step (MGRIT's sweeps; the serial loop where it is

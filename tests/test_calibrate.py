@@ -47,7 +47,7 @@ def test_fit_recovers_known_overhead_and_cost_per_row():
     assert calibrate.fit([(8, 1.0), (2048, 1000.0)])[0] == 0.0  # o clamped at 0
     # the table at H = 64, or scaled from the nearest H
     assert calibrate.at_h64({32: (1.0, 9.0), 64: (2.0, 0.5)}) == (2.0, 0.5)
-    o128, c128 = calibrate.at_h64({128: (3.0, 0.4 * 2**cost.H_EXPONENT)})
+    o128, c128 = calibrate.at_h64({128: (3.0, 0.4 * cost.row_scale(128))})
     assert (o128, c128) == (3.0, pytest.approx(0.4))
 
 
