@@ -105,7 +105,15 @@ class GRU(Recurrent, nn.GRU):
         return cls._copy_of(module, solver=solver, cell=cell, kernels=kernels)
 
     def _extra_repr_tail(self) -> str:
-        return f", cell={self.cell!r}"
+        return "" if self.cell == "classic" else f", cell={self.cell!r}"
+
+    def _check_exportable(self, export: str) -> None:
+        if self.cell != "classic":
+            raise RuntimeError(
+                f"GRU: {export} needs torch's GRU op, and torch has no implicit cell: run "
+                "cell='implicit' eagerly (in Python), or train cell='classic' to export it"
+            )
+        super()._check_exportable(export)
 
     def _initial_state(self, hx, batch: Optional[int], device) -> Tensor:
         return self._check_state("h0", hx, batch, device)

@@ -7,6 +7,7 @@ solver options (automatic choice, MGRIT, serial, budgets) and time-parallel rank
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import operator
 import warnings
@@ -326,7 +327,7 @@ class Recurrent(nn.Module):
         ):
             if getattr(self, name) != default:
                 text += f", {name}={getattr(self, name)}"
-        return text + self._extra_repr_tail() + f", solver={self.solver}"
+        return text + self._extra_repr_tail() + f", solver={_short_solver(self.solver)}"
 
     def _extra_repr_tail(self) -> str:
         return ""
@@ -362,8 +363,6 @@ class Recurrent(nn.Module):
             )
         batched = x.dim() == 3
         seq_dim = 1 if (batched and self.batch_first) else 0
-        if not _all_finite(x):
-            raise ValueError(f"{name}: input contains NaN or Inf")
         batch = x.shape[1 - seq_dim] if batched else None
         if not batched:
             x = x.unsqueeze(1)
@@ -471,31 +470,144 @@ class Recurrent(nn.Module):
             device,
         )
 
-    @_eager_under_compile
-    def forward(self, input, hx=None, *, lengths: Optional[Tensor] = None) -> tuple:
+    def forward(self, input, hx=None, lengths: Optional[Tensor] = None) -> tuple:
         """``y, h_n = module(x, hx)`` as torch's (the LSTM's ``hx`` and ``h_n`` are ``(h, c)``
         pairs); ``x`` may be a ``PackedSequence`` (then
         ``y`` is one too), or padded with ``lengths`` ``(B,)``: past its length a sequence's
-        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero.
+        state stays fixed, ``h_n`` is its state at its own end and its outputs are zero (what
+        packing the padded input would give; the padding's values are not read: NaN there is
+        allowed).
 
         Inside an autocast region (``torch.autocast``) the solve runs with autocast off, in
         the parameters' dtype: a floating input (and hx) of another dtype, such as bf16 from
-        an autocast layer before it, is cast to it, and the outputs come in that dtype.
+        an autocast layer before it, is cast to it; the outputs come in the dtype torch's
+        module returns in the same region (torch.nn.LSTM's bf16 on the CPU, for example).
 
         In a model compiled with ``torch.compile`` this call runs eagerly (a graph break, as
         torch's), the rest of the model compiled. Under ``torch.func`` transforms
         (``grad``, ``jacrev``, ``vmap``, ...) the layers run as plain autograd code, one
         serial step after another, which the transforms can see through; MGRIT is not used
-        there, and ``last_stats`` says so."""
+        there, and ``last_stats`` says so.
+
+        Under ``torch.jit.trace``, ``torch.export`` and ONNX export the call is torch's own
+        (``torch.nn.GRU.forward`` / ``torch.nn.LSTM.forward``, the exact serial solve): the
+        exported graph is torch's, ``lengths=`` is traced as packing the padded input. The
+        implicit cell and ``time_group=`` have no torch counterpart and are refused there."""
+        export = _exporting()
+        if export is not None:
+            return self._forward_as_torch(input, hx, lengths, export)
+        return self._forward_eager(input, hx, lengths)
+
+    def _forward_as_torch(self, input, hx, lengths, export: str) -> tuple:
+        """The call as torch's module makes it (under ``export``: torch.jit.trace,
+        torch.export or ONNX export); ``lengths=`` as packing the padded input."""
+        name = self._NAME
+        self._check_exportable(export)
+        torch_forward = self._TORCH.forward
+        if lengths is None:
+            return torch_forward(self, input, hx)
+        if isinstance(input, PackedSequence):
+            raise ValueError(f"{name}: pass lengths= or a PackedSequence, not both")
+        if not isinstance(input, Tensor) or input.dim() != 3:
+            raise ValueError(f"{name}: lengths= needs batched input")
+        if torch.compiler.is_exporting():  # torch.export, and ONNX's dynamo=True on it
+            raise RuntimeError(
+                f"{name}: torch.export cannot record lengths=, which packs the padded input "
+                f"(torch.nn.{name} with a PackedSequence fails the same): trace with "
+                "torch.jit.trace or torch.onnx.export(..., dynamo=False), or call without "
+                "lengths="
+            )
+        T = input.shape[1 if self.batch_first else 0]
+        lengths = torch.as_tensor(lengths)
+        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise TypeError(f"{name}: lengths must be integers, got {lengths.dtype}")
+        packed = pack_padded_sequence(
+            input, lengths.to("cpu", torch.long), self.batch_first, enforce_sorted=False
+        )
+        out, h_n = torch_forward(self, packed, hx)
+        out, _ = pad_packed_sequence(out, self.batch_first, total_length=T)
+        return out, h_n
+
+    def _check_exportable(self, export: str) -> None:
+        """One line where this module has no torch counterpart to trace or export as."""
+        if self.time_group is not None:
+            raise RuntimeError(
+                f"{self._NAME}: {export} of a time-parallel module (time_group=) is not "
+                f"supported; export a one-process copy: {self._NAME.lower()}.to_torch()"
+            )
+
+    @_eager_under_compile
+    def _forward_eager(self, input, hx, lengths: Optional[Tensor]) -> tuple:
+        """The call solved by this library (every path but tracing and export)."""
         param = self.weight_ih_l0
         if _autocast_enabled(param.device.type):
+            want = self._autocast_dtypes(input, hx, lengths)
             with torch.autocast(param.device.type, enabled=False):
                 data = input.data if isinstance(input, PackedSequence) else input
                 if isinstance(data, Tensor) and data.is_floating_point():
                     input = input.to(param.dtype)
                 hx = _map_state(hx, lambda t: t.to(param.dtype))
-                return self._forward(input, hx, lengths)
+                out, h_n = self._forward(input, hx, lengths)
+            if want is None:
+                return out, h_n
+            return out.to(want[0]), _cast_state(h_n, want[1:])
         return self._forward(input, hx, lengths)
+
+    def _autocast_dtypes(self, input, hx, lengths) -> Optional[tuple]:
+        """The dtypes of torch's outputs (y, then each final state) for a call like this one
+        in the autocast region in force: torch's module run on one step of one sequence of
+        the same dtypes and kind (packed for ``lengths=``; of equal or unequal lengths, as
+        torch's LSTM takes oneDNN's op for the one only), remembered per configuration.
+        None for an input or state that is no tensor (the checks after this refuse it)."""
+        param = self.weight_ih_l0
+        device = param.device
+        data = input.data if isinstance(input, PackedSequence) else input
+        states = hx if isinstance(hx, (tuple, list)) else (hx,)
+        if not isinstance(data, Tensor) or not all(
+            t is None or isinstance(t, Tensor) for t in states
+        ):
+            return None  # the checks after this say what is wrong
+        packed = None  # dense, else whether the sequences' lengths are all equal
+        if isinstance(input, PackedSequence):
+            packed = bool(input.batch_sizes.min() == input.batch_sizes.max())
+        elif lengths is not None:
+            flat = torch.as_tensor(lengths).flatten()
+            packed = flat.numel() == 0 or bool((flat == flat[0]).all())
+        key = (
+            type(self), self.num_layers, self.bidirectional, bool(self.proj_size), self.bias,
+            device.type, torch.get_autocast_dtype(device.type), param.dtype, data.dtype,
+            tuple(None if t is None else t.dtype for t in states), packed,
+            torch.is_grad_enabled(), torch.backends.mkldnn.is_available()
+            and torch._C._get_mkldnn_enabled(),
+        )  # fmt: skip
+        if key in _AUTOCAST_DTYPES:
+            return _AUTOCAST_DTYPES[key]
+        directions = 2 if self.bidirectional else 1
+        rows = 1 if packed is not False else 2  # two sequences of lengths 2 and 1
+        one = torch.zeros(rows, rows, self.input_size, dtype=data.dtype, device=device)
+        if packed is not None:
+            one = pack_padded_sequence(one, torch.arange(rows, 0, -1), self.batch_first)
+        sizes = [self._output_size, self.hidden_size]
+        probe_hx = [
+            None
+            if t is None
+            else torch.zeros(directions * self.num_layers, rows, size, dtype=t.dtype, device=device)
+            for t, size in zip(states, sizes)
+        ]
+        probe_hx = None if hx is None else probe_hx[0] if len(probe_hx) == 1 else tuple(probe_hx)
+        try:
+            with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out, h_n = self._TORCH.forward(self, one, probe_hx)
+        except Exception:  # torch's op, autocast to the lower precision, failed to run there
+            # (oneDNN's LSTM without bf16 support on this CPU): what it would have returned
+            answer = (torch.get_autocast_dtype(device.type),) * (1 + self._cell.state)
+        else:
+            out = out.data if isinstance(out, PackedSequence) else out
+            finals = h_n if isinstance(h_n, tuple) else (h_n,)
+            answer = (out.dtype, *(t.dtype for t in finals))
+        _AUTOCAST_DTYPES[key] = answer
+        return answer
 
     def _forward(self, input, hx, lengths: Optional[Tensor]) -> tuple:
         name = self._NAME
@@ -538,6 +650,7 @@ class Recurrent(nn.Module):
         if lengths is not None and int(lengths.min()) < steps:
             t = torch.arange(t0, t0 + T).unsqueeze(1)  # global time of this slice's steps
             mask = (t < lengths.unsqueeze(0)).to(x.dtype).to(x.device)  # (T, B)
+        x = self._finite_input(x, mask, t0, batched)
         out, u_n = self._run(x, u0, mask, tg, lengths)
         out, h_n = out.to(dtype), self._final_state(u_n.to(dtype), batched)
         if packed:
@@ -551,6 +664,29 @@ class Recurrent(nn.Module):
         if self.batch_first:
             out = out.transpose(0, 1)
         return out, h_n
+
+    def _finite_input(self, x: Tensor, mask: Optional[Tensor], t0: int, batched: bool) -> Tensor:
+        """``x`` ``(T, B, I)`` refused where a real step holds NaN or Inf (``mask`` ``(T, B)``:
+        1 within the sequences' lengths, 0 in the padding; None: every step is real), in one
+        line naming the first such step; NaN or Inf in the padding (never read) is zeroed."""
+        if _all_finite(x):
+            return x
+        bad = ~torch.isfinite(x).all(-1)  # (T, B)
+        if mask is not None:
+            bad = bad & mask.bool()
+        if bool(bad.any()):
+            t, b = (int(i) for i in bad.nonzero()[0])
+            where = f"step {t0 + t}" + (f" of sequence {b}" if batched else "")
+            if mask is None:
+                raise ValueError(
+                    f"{self._NAME}: input contains NaN or Inf (first at {where}); if that is "
+                    "padding, pass lengths= (padding is not read), else clean the input"
+                )
+            raise ValueError(
+                f"{self._NAME}: input contains NaN or Inf within the sequences' lengths (first "
+                f"at {where}); clean the input or shorten that sequence's length"
+            )
+        return torch.where(mask.bool().unsqueeze(-1), x, x.new_zeros(()))
 
     def _empty_batch(self, x: Tensor, u0: Optional[Tensor], batched: bool) -> tuple:
         """An empty batch ``(T, 0, I)``, or a call on the meta device (shapes only), as torch
@@ -674,6 +810,8 @@ class _LayerCall(NamedTuple):
 
 
 HALF = (torch.float16, torch.bfloat16)
+# torch's output dtypes in an autocast region, per configuration (Recurrent._autocast_dtypes)
+_AUTOCAST_DTYPES: dict = {}
 TRANSFORMED = "a torch.func transform: the layer ran as plain autograd code"
 
 
@@ -726,6 +864,55 @@ def _copy_as(kind, module: nn.Module, **extra) -> nn.Module:
         )
     new.load_state_dict(module.state_dict())
     return new
+
+
+def _short_solver(options) -> str:
+    """The solver options as a repr shows them: ``'auto'``, ``'mgrit'``, ``'serial'``
+    (the ``solver=`` strings), else the options with their non-default fields only
+    (``MGRIT(cfactor=8)``)."""
+    for word in ("auto", "mgrit", "serial"):
+        if options == as_options(word):
+            return repr(word)
+    return _changed_fields(options)
+
+
+def _changed_fields(value, default=None) -> str:
+    """``value``'s repr with only the fields that differ from ``default`` (an object of its
+    class; else its class's defaults), nested options alike; a value that is not such an
+    object as its repr."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return repr(value)
+    if type(default) is not type(value):
+        try:
+            default = type(value)()
+        except (TypeError, ValueError):  # no defaults for every field
+            return repr(value)
+    changed = [
+        f"{f.name}={_changed_fields(getattr(value, f.name), getattr(default, f.name))}"
+        for f in dataclasses.fields(value)
+        if f.repr and getattr(value, f.name) != getattr(default, f.name)
+    ]
+    return f"{type(value).__name__}({', '.join(changed)})"
+
+
+def _cast_state(state, dtypes: tuple):
+    """The final state (a tensor, or the LSTM's pair) cast to ``dtypes``, one per tensor."""
+    if isinstance(state, Tensor):
+        return state.to(dtypes[0])
+    return tuple(t.to(d) for t, d in zip(state, dtypes))
+
+
+def _exporting() -> Optional[str]:
+    """What is recording this call as a graph of torch's ops, if anything: ONNX export,
+    torch.jit.trace or torch.export (not torch.compile, which runs the layers eagerly)."""
+    onnx = getattr(torch, "onnx", None)
+    if onnx is not None and onnx.is_in_onnx_export():
+        return "ONNX export"
+    if torch.jit.is_tracing():
+        return "torch.jit.trace"
+    if torch.compiler.is_exporting():
+        return "torch.export"
+    return None
 
 
 def _map_state(hx, fn):

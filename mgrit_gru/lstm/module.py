@@ -89,6 +89,15 @@ class LSTM(Recurrent, nn.LSTM):
         """A copy of a ``torch.nn.LSTM`` (same weights, device and dtype)."""
         return cls._copy_of(module, solver=solver, kernels=kernels)
 
+    def _check_exportable(self, export: str) -> None:
+        if self.proj_size and export == "ONNX export":
+            raise RuntimeError(
+                "LSTM: ONNX has no LSTM with projections (torch.nn.LSTM(proj_size=...) does "
+                "not export either): deploy it with torch.export.export or torch.jit.trace, or "
+                "use proj_size=0"
+            )
+        super()._check_exportable(export)
+
     def _initial_state(self, hx, batch: Optional[int], device) -> Tensor:
         if not isinstance(hx, (tuple, list)) or len(hx) != 2:
             raise TypeError(
