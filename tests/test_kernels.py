@@ -296,3 +296,34 @@ def test_a_failed_build_says_so_and_the_pytorch_steps_run(tmp_path):
     assert "the CPU kernels could not be built (the build failed" in done.stderr
     assert "kernels='compiled': the CPU kernels are unavailable: the build failed" in out[1]
     assert ".;" not in out[1]
+
+
+@pytest.mark.parametrize("model", ["gru", "lstm"])
+@pytest.mark.parametrize("solver", ["serial", "mgrit"])
+def test_sweeps_over_threads_equal_one_thread(model, solver):
+    """A sweep large enough to share its row blocks among threads (one parallel region per
+    sweep, blocks taken from a shared counter) gives bit for bit the one-thread result, on
+    torch.nn's numbers in float64: rows advance independently, whichever thread runs them."""
+    torch.manual_seed(3)
+    kind = torch.nn.GRU if model == "gru" else torch.nn.LSTM
+    ref = kind(5, 24, dtype=torch.float64)
+    x = torch.randn(700, 20, 5, dtype=torch.float64)
+    wy = torch.randn(700, 20, 24, dtype=torch.float64)
+    options = "serial" if solver == "serial" else tight(cfactor=8)
+    cls = mgrit_gru.GRU if model == "gru" else mgrit_gru.LSTM
+    h0 = [torch.zeros(1, 20, 24, dtype=torch.float64)] * (1 if model == "gru" else 2)
+    wh = [torch.randn(1, 20, 24, dtype=torch.float64)] * len(h0)
+    before = torch.get_num_threads()
+    got = {}
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got[threads] = _grads(cls.from_torch(ref, solver=options), x, h0, wy, wh)
+    finally:
+        torch.set_num_threads(before)
+    expected = _grads(ref, x, h0, wy, wh)
+    for threads in (2, 3):
+        for a, b in zip(got[threads], got[1]):
+            assert torch.equal(a, b), threads
+    for a, b in zip(got[1], expected):
+        assert (a - b).abs().max() <= 1e-11 * (1 + b.abs().max())

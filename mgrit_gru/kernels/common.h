@@ -191,9 +191,12 @@ static void prepared_gemm(int64_t r0, int64_t r1, T* const* ptrs, const Panels<T
   at::mm_out(part, rows.narrow(0, first + r0, Rb), w);
 }
 
-// A sweep's rows in blocks: at most BLOCK_ROWS, whole groups of four (the panel GEMM's). A
-// block runs all of the sweep's steps before the next block starts: its states and gates stay
-// in the core's cache from step to step.
+// A sweep's rows in blocks of about R / BLOCKS rows (whole groups of four, the panel GEMM's;
+// at most BLOCK_ROWS). A block runs all of the sweep's steps before the next block starts: its
+// states and gates stay in the core's cache from step to step. The blocks depend on R alone,
+// not on the thread count, so that every thread count rounds alike (results are bit for bit
+// the same at 1, 2 or 16 threads).
+constexpr int64_t BLOCKS = 16;
 constexpr int64_t BLOCK_ROWS = 256;
 // Work (rows x steps x hidden) below which a sweep stays on one thread: a parallel region costs
 // some microseconds to open, a step of a few rows less than that.
@@ -204,19 +207,19 @@ constexpr int64_t PARALLEL_WORK = 1 << 16;
 // several threads the sweep opens ONE parallel region: each thread takes blocks one after
 // another from a shared counter and runs every step of each; no thread waits for another
 // between steps, and a thread the OS deschedules holds up only the block it has, not every
-// step. About four blocks per thread, so that the others take over a slow thread's share.
+// step: the others take over the blocks it has not started.
 template <typename F>
 inline void over_blocks(int64_t R, int64_t work, F&& block) {
-  const int64_t threads = (work >= PARALLEL_WORK && R >= 8) ? at::get_num_threads() : 1;
-  int64_t per = std::min<int64_t>(BLOCK_ROWS, (R + 4 * threads - 1) / (4 * threads));
+  int64_t per = std::min<int64_t>(BLOCK_ROWS, (R + BLOCKS - 1) / BLOCKS);
   per = std::max<int64_t>(4, (per + 3) / 4 * 4);
   const int64_t blocks = (R + per - 1) / per;
-  if (threads <= 1 || blocks <= 1 || at::in_parallel_region()) {
+  const int64_t threads = work >= PARALLEL_WORK ? std::min<int64_t>(at::get_num_threads(), blocks) : 1;
+  if (threads <= 1 || at::in_parallel_region()) {
     for (int64_t b = 0; b < blocks; ++b) block(b * per, std::min(R, (b + 1) * per));
     return;
   }
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, blocks), 1, [&](int64_t, int64_t) {
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) block(b * per, std::min(R, (b + 1) * per));
   });
 }
