@@ -136,7 +136,9 @@ def test_one_step_and_sweep_agree_with_the_cell_steps():
 def check_forward_contract(K, H: int = 5) -> None:
     """The kernels' own contract, below the solve: strided (chunk layout) inputs, forcing,
     kept gates, frozen-gate factors, dt (0: identity) and a padded chunk, step by step against
-    the cells' PyTorch steps (tests/test_triton.py checks its kernels by it too)."""
+    the cells' PyTorch steps. ``K`` is what the switch hands the layer (the C++ module; the
+    Triton token, tests/test_triton.py), run as the layer runs it: through the cell's
+    kernel_forward, which calls its own sweep on it."""
     torch.manual_seed(6)
     S, n, B = 6, 3, 2
     dt = (torch.rand(S, n, B, 1) > 0.3).double()
@@ -152,12 +154,11 @@ def check_forward_contract(K, H: int = 5) -> None:
         keep = torch.empty(S, n, B, 4 * H)
         fac = torch.empty(S, n, B, W)
         if model == "lstm":
-            K.lstm_forward(x0[None], out, gx, w, g, keep, fac, dt, 1, 2, 4, 0)
+            cell = lstm_cell.LSTMCell()
         else:
-            K.gru_forward(
-                x0[None, ..., :H], out, gx, w, b, g[..., :H], keep, fac, dt,
-                model == "implicit", 1, 2, 4, 0,
-            )  # fmt: skip
+            cell = gru_cell.GRUCell("implicit" if model == "implicit" else "classic")
+        pad = (1, 2, 4)  # chunk 1's steps 2, 3 are identity steps
+        cell.kernel_forward(K, x0[None, ..., :W], out, gx, w, b, g[..., :W], keep, fac, dt, pad, 0)
         u = x0[..., :W]
         for s in range(S):
             k, f = torch.empty(n, B, 4 * H), torch.empty(n, B, W)

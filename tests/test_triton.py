@@ -1,11 +1,13 @@
-"""The Triton sweeps (mgrit_gru/kernels/gpu.py, gru/gru_triton.py, lstm/lstm_triton.py) on the
-CPU through Triton's interpreter (conftest sets TRITON_INTERPRET=1 before triton is imported),
-on tiny shapes: each kernel against the cells' PyTorch steps and the compiled C++ kernels,
-whole layers against torch.nn.GRU / torch.nn.LSTM and the PyTorch path in float64 (MGRIT
-really running, odd T, lengths, both directions, the library's serial loop and serial
-adjoint), both ways of multiplying by W_hh (held in registers; in column blocks, forced here
-at H = 20 by blocks of 16), and every kernel variant compiled ahead of time for an H200 (sm_90)
-in a subprocess, which needs no GPU.
+"""The Triton sweeps (each cell's own, gru/gru_triton.py and lstm/lstm_triton.py, which the
+cells launch when the switch hands them the Triton token; the shared helpers and launch in
+mgrit_gru/kernels/gpu.py, which imports no cell) on the CPU through Triton's interpreter
+(conftest sets TRITON_INTERPRET=1 before triton is imported), on tiny shapes: each kernel,
+through the cell's kernel_* methods as the layer calls it, against the cells' PyTorch steps
+and the compiled C++ kernels, whole layers against torch.nn.GRU / torch.nn.LSTM and the
+PyTorch path in float64 (MGRIT really running, odd T, lengths, both directions, the library's
+serial loop and serial adjoint), both ways of multiplying by W_hh (held in registers; in
+column blocks, forced here at H = 20 by blocks of 16), and every kernel variant compiled
+ahead of time for an H200 (sm_90) in a subprocess, which needs no GPU.
 
 Float64 dots are full precision in the interpreter (numpy), so the tolerances are float64's.
 """
@@ -52,6 +54,20 @@ def test_interpreter_is_on_for_the_suite():
     assert isinstance(kernels.compiled_for("triton", torch.zeros(1)), gpu.TritonKernels)
 
 
+def test_the_kernels_room_imports_no_cell():
+    """kernels/gpu.py holds the shared helpers and the launch only: imported first in a fresh
+    process it loads no cell's Triton sweeps, and its token holds no kernel; the cells launch
+    their own (GRUCell's and LSTMCell's kernel_* methods, checked below)."""
+    probe = (
+        "import sys, mgrit_gru.kernels.gpu as g; g.kernels(); "
+        "print(sorted(m for m in sys.modules "
+        "if m.startswith('mgrit_gru.') and m.endswith('_triton')))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stdout + run.stderr[-2000:]
+    assert not [a for a in vars(gpu.TritonKernels) if a.startswith(("gru_", "lstm_"))]
+
+
 @pytest.mark.parametrize("H", [5, 20])
 def test_forward_sweep_contract(H, product):
     check_forward_contract(gpu.kernels(), H)
@@ -77,9 +93,9 @@ def test_adjoint_sweep_against_the_cells_adjoint_step(model, forcing, product):
     w = torch.randn(G, H) / H**0.5
     g = torch.randn(S, n, B, W) if forcing else None
     out = torch.empty(S, n, B, W)
-    K = gpu.kernels()
-    (K.lstm_adjoint if model == "lstm" else K.gru_adjoint)(x0, out, D, C, w, g)
-    want = _adjoint_reference(lstm_cell if model == "lstm" else gru_cell, x0, D, C, w, g)
+    cell = lstm_cell.LSTMCell() if model == "lstm" else gru_cell.GRUCell()
+    cell.kernel_adjoint(gpu.kernels(), x0, out, D, C, w, g)
+    want = _adjoint_reference(cell, x0, D, C, w, g)
     assert (out - want).abs().max() < 1e-12
 
 
@@ -97,19 +113,15 @@ def test_serial_adjoint_equals_the_compiled_cpu_one(model, product):
     d_out, d_last = torch.randn(T, B, W), torch.randn(B, W)
     dt = (torch.rand(T, B) > 0.2).double()
     w = torch.randn((4 if model == "lstm" else 3) * H, H) / H**0.5
-    got, want = [], []
-    for k, res in ((gpu.kernels(), got), (K, want)):
-        lam0 = torch.empty(B, W)
-        if model == "lstm":
-            d = torch.empty(T, B, 4 * H)
-            k.lstm_serial_adjoint(points, kept, d_out, d_last, dt, w, d, lam0)
-            res += [d, lam0]
-        else:
-            d_gx, d_gh = torch.empty(T, B, 3 * H), torch.empty(T, B, 3 * H)
-            k.gru_serial_adjoint(
-                points, kept, d_out, d_last, dt, model == "implicit", w, d_gx, d_gh, lam0
-            )
-            res += [d_gx, d_gh, lam0]
+    if model == "lstm":
+        cell = lstm_cell.LSTMCell()
+    else:
+        cell = gru_cell.GRUCell("implicit" if model == "implicit" else "classic")
+    # (d_gx, d_gh, lam0) of each; cloned: the gate gradients come from the work-buffer pool
+    got, want = [
+        [t.clone() for t in cell.kernel_vjp(k, points, kept, dt, w, d_out, d_last)]
+        for k in (gpu.kernels(), K)
+    ]
     for a, b in zip(got, want):
         assert (a - b).abs().max() < 1e-12
 
@@ -215,4 +227,4 @@ def test_every_kernel_compiles_for_the_h200():
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    assert run.stdout.count(" ok: 12 kernels") == 4, run.stdout
+    assert run.stdout.count(" ok: 14 kernels") == 4, run.stdout

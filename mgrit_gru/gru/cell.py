@@ -242,6 +242,14 @@ def fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
     return points
 
 
+def _triton():
+    """The GRU's Triton sweeps (:mod:`mgrit_gru.gru.gru_triton`), imported at the first one:
+    they need triton, which a CPU-only install may lack."""
+    from . import gru_triton
+
+    return gru_triton
+
+
 class GRUCell:
     """The GRU as a :class:`mgrit_gru.layer.cell.Cell` for the layer solve: ``kind``
     ``"classic"`` (torch.nn.GRU) or ``"implicit"`` (Moon & Cyr's implicit step, which also
@@ -292,13 +300,17 @@ class GRUCell:
     def gate_grads(self, lam_next, C, extra, out=None) -> GateGrads:
         return gate_grads(lam_next, C, extra, None if out is None else GateGrads(*out))
 
+    # The compiled sweeps: ``kernel`` is what mgrit_gru.kernels.compiled_for chose, the C++
+    # module (its gru_* functions, gru_cpu.cpp) or the Triton token (name "triton"), on which
+    # the GRU launches its own Triton sweeps (gru_triton.py; same arguments).
+
     def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
-        kernel.gru_forward(
-            x0, out, gx, w_hh, rb, g, keep, factor, dt, self.kind == "implicit", *pad, j0
-        )
+        run = _triton().forward if kernel.name == "triton" else kernel.gru_forward
+        run(x0, out, gx, w_hh, rb, g, keep, factor, dt, self.kind == "implicit", *pad, j0)
 
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
-        kernel.gru_adjoint(x0, out, D, C, w_hh, g)
+        run = _triton().adjoint if kernel.name == "triton" else kernel.gru_adjoint
+        run(x0, out, D, C, w_hh, g)
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
@@ -307,7 +319,8 @@ class GRUCell:
         d_gh = workspace.buffer("bwd.d_gh", (T, B, 3 * H), points)
         lam0 = points.new_empty((B, H))
         implicit = self.kind == "implicit"
-        kernel.gru_serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
+        run = _triton().serial_adjoint if kernel.name == "triton" else kernel.gru_serial_adjoint
+        run(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
         return d_gx, d_gh, lam0
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:

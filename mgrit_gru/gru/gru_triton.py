@@ -1,15 +1,16 @@
-"""The GRU's Triton sweeps (:mod:`mgrit_gru.kernels.gpu`): one launch runs steps j0 .. j0 + S
-- 1 of every chunk, or the whole serial adjoint. The math is :mod:`mgrit_gru.gru.cell`'s
+"""The GRU's Triton sweeps: one launch runs steps j0 .. j0 + S - 1 of every chunk, or the
+whole serial adjoint. :class:`mgrit_gru.gru.cell.GRUCell`'s ``kernel_forward``,
+``kernel_adjoint`` and ``kernel_vjp`` call :func:`forward`, :func:`adjoint` and
+:func:`serial_adjoint` when the layer hands them the Triton token
+(:func:`mgrit_gru.kernels.gpu.kernels`); the shared helpers and the launch are
+:mod:`mgrit_gru.kernels.gpu`'s, which names no cell. The math is :mod:`mgrit_gru.gru.cell`'s
 ``step``, ``adjoint_step`` and ``_coefficients``, which stay the reference (and
 ``gru_cpu.cpp`` its compiled CPU twin, with the same arguments)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import triton
 import triton.language as tl
-from torch import Tensor
 
 from ..kernels import gpu
 from ..kernels.gpu import dot, load_w, load_wk, put, rows_of, sigmoid, tanh, tile
@@ -423,14 +424,14 @@ def serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, 
     gpu.launch(
         _serial_adjoint_kernel,
         B,
-        _at(points, last),
-        _at(kept, last),
-        _at(d_out, last),
+        gpu.at(points, last),
+        gpu.at(kept, last),
+        gpu.at(d_out, last),
         d_last.contiguous(),
-        _at(dt, last) if dt is not None else points,
+        gpu.at(dt, last) if dt is not None else points,
         w_hh.contiguous(),
-        _at(d_gx, last),
-        _at(d_gh, last),
+        gpu.at(d_gx, last),
+        gpu.at(d_gh, last),
         lam0,
         T,
         B,
@@ -442,10 +443,3 @@ def serial_adjoint(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, 
         IMPLICIT=bool(implicit),
         **gpu.meta(points, H),
     )
-
-
-def _at(t: Optional[Tensor], k: int) -> Tensor:
-    """The view of contiguous ``t`` from step ``k`` on (its pointer: that step's first value)."""
-    if not t.is_contiguous():
-        raise RuntimeError("mgrit kernels: the serial adjoint takes contiguous tensors only")
-    return t[k:]

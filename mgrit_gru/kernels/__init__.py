@@ -3,7 +3,12 @@
 A sweep (steps ``j0 .. j1`` of every chunk, or of the one serial chunk) runs either as the
 per-step PyTorch code of the cell (the reference, ``"pytorch"``) or as one call into a
 compiled kernel (``"compiled"``): C++ for CPU tensors, Triton for CUDA tensors, in each
-cell's folder (``gru/gru_cpu.cpp``, ``gru/gru_triton.py``, and the LSTM's likewise).
+cell's folder (``<cell>/<cell>_cpu.cpp``, ``<cell>/<cell>_triton.py``). This package builds
+the C++ module from the cells' sources and chooses; it imports no cell's Triton sweeps (its
+``gpu`` module holds only their shared helpers and launch). What it chooses goes to the cell's
+``kernel_*`` methods (:class:`mgrit_gru.layer.cell.Cell`): the C++ module, whose functions the
+cell calls, or the Triton token (:func:`mgrit_gru.kernels.gpu.kernels`), on which the cell
+launches its own Triton sweeps; ``name`` tells them apart (``"compiled"``, ``"triton"``).
 ``kernels="auto"`` (the default) takes the compiled kernel where one serves the tensors'
 device and dtype (float32, float64 on the CPU) and the PyTorch code elsewhere; on CUDA it runs
 the PyTorch code until a GPU has run the Triton sweeps (:data:`TRITON_BY_DEFAULT`):
@@ -142,6 +147,10 @@ def load(build: bool = True, fresh: bool = False):
             return None
         try:
             _module = _load_or_build(build, fresh)
+            if _module is not None:
+                # what SolveStats.kernels reports, and how a cell tells it from the Triton token
+                # (an attribute, not getattr with a default: a miss on a module costs us)
+                _module.name = "compiled"
         except Exception as exc:  # a failed build: the PyTorch path runs; error() says why
             _detail = str(exc).strip()
             lines = _detail.splitlines()
@@ -387,8 +396,9 @@ class _BuildLock:
 
 
 def compiled_for(choice: str, t: torch.Tensor):
-    """The compiled module to run sweeps on ``t``'s device and dtype under ``choice`` (a
-    resolved :data:`CHOICES` value), or None for the PyTorch code. ``"compiled"`` and
+    """The compiled kernels to run sweeps on ``t``'s device and dtype under ``choice`` (a
+    resolved :data:`CHOICES` value): the C++ module, the Triton token
+    (:func:`mgrit_gru.kernels.gpu.kernels`), or None for the PyTorch code. ``"compiled"`` and
     ``"triton"`` raise where no such kernel serves ``t``."""
     if choice == "pytorch":
         return None

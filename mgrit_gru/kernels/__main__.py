@@ -75,53 +75,43 @@ def triton_aot(archs: list[int], quick: bool = False) -> int:
 
 
 def _every_sweep(dtype, H: int) -> None:
-    """Each launch a solve makes, on small tensors (nothing runs under compile_only)."""
+    """Each launch a solve makes, on small tensors (nothing runs under compile_only), made the
+    way the layer makes them: through each cell's ``kernel_forward``, ``kernel_adjoint`` and
+    ``kernel_vjp`` with the Triton token, on which the cell launches its own Triton sweeps
+    (this package imports none of them). Per cell, and per step of it (the GRU's classic and
+    implicit): a forward sweep with every optional argument and a serial adjoint with step
+    sizes; per cell, a forward sweep with none of them, adjoint sweeps with and without forcing
+    and a serial adjoint without step sizes (an unmasked layer's)."""
     import torch
 
+    from ..gru.cell import GRUCell
+    from ..lstm.cell import LSTMCell
     from . import gpu
 
     k = gpu.kernels()
     S, n, B, T = 3, 2, 2, 4
     e = dict(dtype=dtype)
-    for cell, gates, width in (("gru", 3, 1), ("lstm", 4, 2)):
-        W = width * H
+    for cell in (GRUCell("classic"), LSTMCell()):
+        W, G, K = cell.state * H, cell.gates * H, cell.kept * H
         x0, out, g = (
             torch.zeros(1, n, B, W, **e),
             torch.zeros(S, n, B, W, **e),
             torch.zeros(S, n, B, W, **e),
         )
-        gx, w = torch.zeros(S, n, B, gates * H, **e), torch.zeros(gates * H, H, **e)
-        keep, fac = torch.zeros(S, n, B, 4 * H, **e), torch.zeros(S, n, B, W, **e)
+        gx, w, rb = torch.zeros(S, n, B, G, **e), torch.zeros(G, H, **e), torch.zeros(H, **e)
+        keep, fac = torch.zeros(S, n, B, K, **e), torch.zeros(S, n, B, W, **e)
         dt = torch.ones(S, n, B, 1, **e)
-        D, C = (
-            torch.zeros(S, n, B, W, **e),
-            torch.zeros(S, n, B, (3 if cell == "gru" else 5) * H, **e),
-        )
-        points, kept = torch.zeros(T + 1, B, W, **e), torch.zeros(T, B, 4 * H, **e)
-        d_out, d_last, lam0 = (
-            torch.zeros(T, B, W, **e),
-            torch.zeros(B, W, **e),
-            torch.zeros(B, W, **e),
-        )
+        D, C = torch.zeros(S, n, B, W, **e), torch.zeros(S, n, B, cell.coeffs * H, **e)
+        points, kept = torch.zeros(T + 1, B, W, **e), torch.zeros(T, B, K, **e)
+        d_out, d_last = torch.zeros(T, B, W, **e), torch.zeros(B, W, **e)
         dts = torch.ones(T, B, **e)
-        d = torch.zeros(T, B, gates * H, **e)
-        if cell == "gru":
-            for implicit in (False, True):
-                k.gru_forward(
-                    x0, out, gx, w, torch.zeros(H, **e), g, keep, fac, dt, implicit, 0, 0, 1, 0
-                )
-                k.gru_serial_adjoint(
-                    points, kept, d_out, d_last, dts, implicit, w, d, d.clone(), lam0
-                )
-            k.gru_forward(x0, out, gx, w, None, None, None, None, None, False, -1, 0, 0, 0)
-            k.gru_adjoint(x0, out, D, C, w, g)
-            k.gru_adjoint(x0, out, D, C, w, None)
-        else:
-            k.lstm_forward(x0, out, gx, w, g, keep, fac, dt, 0, 0, 1, 0)
-            k.lstm_forward(x0, out, gx, w, None, None, None, None, -1, 0, 0, 0)
-            k.lstm_adjoint(x0, out, D, C, w, g)
-            k.lstm_serial_adjoint(points, kept, d_out, d_last, dts, w, d, lam0)
-            k.lstm_serial_adjoint(points, kept, d_out, d_last, None, w, d, lam0)
+        for step in (cell,) if cell.implicit is None else (cell, cell.implicit):
+            step.kernel_forward(k, x0, out, gx, w, rb, g, keep, fac, dt, (0, 0, 1), 0)
+            step.kernel_vjp(k, points, kept, dts, w, d_out, d_last)
+        cell.kernel_forward(k, x0, out, gx, w, None, None, None, None, None, (-1, 0, 0), 0)
+        cell.kernel_adjoint(k, x0, out, D, C, w, g)
+        cell.kernel_adjoint(k, x0, out, D, C, w, None)
+        cell.kernel_vjp(k, points, kept, None, w, d_out, d_last)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""The Triton sweeps: one kernel launch per sweep on the GPU (and, for the tests, on the CPU
-through Triton's interpreter, ``TRITON_INTERPRET=1`` set before triton is imported).
+"""The Triton sweeps' shared part: one kernel launch per sweep on the GPU (and, for the tests,
+on the CPU through Triton's interpreter, ``TRITON_INTERPRET=1`` set before triton is imported).
 
-:class:`TritonKernels` has the compiled CPU module's methods (``gru_forward``,
-``gru_adjoint``, ``gru_serial_adjoint`` and the LSTM's), so the cells call either the same
-way; the kernels themselves live beside each cell's math (``gru/gru_triton.py``,
-``lstm/lstm_triton.py``) and share the helpers below.
+This module names no cell. Each cell's Triton sweeps live in the cell's folder, beside its
+math and its C++ sweeps (``mgrit_gru/<cell>/<cell>_triton.py``), built from the helpers here:
+the jitted pieces (loads of ``W_hh`` blocks, tiles, ``dot``, the activations), the argument
+layout and checks, and the launch (:func:`launch`, which :func:`compile_only` turns into
+ahead-of-time compiles). :func:`kernels` is what :func:`mgrit_gru.kernels.compiled_for` hands
+the layer where the Triton sweeps serve the tensors: a token (``name == "triton"``) that the
+layer passes to the cell's ``kernel_forward`` / ``kernel_adjoint`` / ``kernel_vjp``
+(:class:`mgrit_gru.layer.cell.Cell`); the cell then launches its own Triton sweeps, as on the
+C++ module it calls that module's functions.
 
 A program owns a tile of ``BR`` rows (rows are chunk x batch of a sweep, the batch of a
 serial adjoint), keeps their state in registers and loops over the sweep's steps: per step
@@ -247,22 +252,20 @@ if triton is not None:
         return (r // B).to(tl.int64), (r % B).to(tl.int64), r < R
 
 
+def at(t: Optional[torch.Tensor], k: int) -> torch.Tensor:
+    """The view of contiguous ``t`` from step ``k`` on (its pointer: that step's first value)."""
+    if not t.is_contiguous():
+        raise RuntimeError("mgrit kernels: the serial adjoint takes contiguous tensors only")
+    return t[k:]
+
+
 class TritonKernels:
-    """The Triton sweeps under the compiled CPU module's names and signatures."""
+    """What :func:`mgrit_gru.kernels.compiled_for` answers where the Triton sweeps serve the
+    tensors: the layer hands it to the cell's ``kernel_*`` methods, which launch the cell's own
+    Triton sweeps (``<cell>/<cell>_triton.py``); it holds no kernel itself."""
 
-    name = "triton"  # in SolveStats.kernels
+    name = "triton"  # in SolveStats.kernels; the cells tell it from the C++ module by it
     serial_by_torch = True  # a serial solve that cuDNN takes runs there (layer.solve)
-
-    def __init__(self) -> None:
-        from ..gru import gru_triton
-        from ..lstm import lstm_triton
-
-        self.gru_forward = gru_triton.forward
-        self.gru_adjoint = gru_triton.adjoint
-        self.gru_serial_adjoint = gru_triton.serial_adjoint
-        self.lstm_forward = lstm_triton.forward
-        self.lstm_adjoint = lstm_triton.adjoint
-        self.lstm_serial_adjoint = lstm_triton.serial_adjoint
 
     def __repr__(self) -> str:
         return "TritonKernels()"
@@ -272,6 +275,7 @@ _kernels: Optional[TritonKernels] = None
 
 
 def kernels() -> TritonKernels:
+    """The one :class:`TritonKernels` of the process."""
     global _kernels
     if _kernels is None:
         _kernels = TritonKernels()

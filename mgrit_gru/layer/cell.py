@@ -64,21 +64,27 @@ class Cell(Protocol):
         frozen-gate diagonal factor (``state * H``)."""
 
     def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
-        """Steps ``j0 .. j0 + S - 1`` by the compiled module ``kernel``
-        (:mod:`mgrit_gru.kernels`): ``out[s] = step(state_s) + g[s]`` from ``x0`` ``(1, n, B,
-        state * H)``, ``out`` ``(S, n, B, state * H)``; the other arguments as :meth:`step`'s
-        for those steps (views ``(S, n, B, .)``, ``dt`` expanded), ``pad`` ``(chunk, lo, hi)``:
-        that chunk's steps ``lo <= j < hi`` are identity steps (``(-1, 0, 0)``: none)."""
+        """Steps ``j0 .. j0 + S - 1`` by the compiled kernels ``kernel``, what
+        :func:`mgrit_gru.kernels.compiled_for` chose (``kernel.name``): the C++ module
+        (``"compiled"``), whose functions for this cell the cell calls, or the Triton token
+        (``"triton"``), on which the cell launches its own Triton sweeps (in its folder's
+        ``<cell>_triton.py``); the layer passes either on as it is. ``out[s] = step(state_s) +
+        g[s]`` from ``x0`` ``(1, n, B, state * H)``, ``out`` ``(S, n, B, state * H)``; the
+        other arguments as :meth:`step`'s for those steps (views ``(S, n, B, .)``, ``dt``
+        expanded), ``pad`` ``(chunk, lo, hi)``: that chunk's steps ``lo <= j < hi`` are identity
+        steps (``(-1, 0, 0)``: none)."""
 
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
-        """Adjoint steps by the compiled module: ``out[s] = adjoint_step(state_s) + g[s]``."""
+        """Adjoint steps by the compiled kernels (as :meth:`kernel_forward`): ``out[s] =
+        adjoint_step(state_s) + g[s]``."""
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
-        """The serial adjoint in one compiled call from the forward's ``points`` ``(T + 1, B,
-        state * H)`` and kept gates ``(T, B, kept * H)``, ``dt`` ``(T, B)`` or None, the
-        gradients ``d_out`` ``(T, B, state * H)`` of the states after every step and
-        ``d_last`` of the last: ``(d_gx, d_gh, du0)``, the gate pre-activations' gradients of
-        every step ``(T, B, gates * H)`` (of the input side, of ``W_hh h + b_hh``)."""
+        """The serial adjoint in one compiled call (as :meth:`kernel_forward`) from the
+        forward's ``points`` ``(T + 1, B, state * H)`` and kept gates ``(T, B, kept * H)``,
+        ``dt`` ``(T, B)`` or None, the gradients ``d_out`` ``(T, B, state * H)`` of the states
+        after every step and ``d_last`` of the last: ``(d_gx, d_gh, du0)``, the gate
+        pre-activations' gradients of every step ``(T, B, gates * H)`` (of the input side, of
+        ``W_hh h + b_hh``)."""
 
     def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
 

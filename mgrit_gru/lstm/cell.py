@@ -298,6 +298,14 @@ def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple
     return d_x, torch.cat([d_h0, d_c0], dim=-1), d_w_ih, d_w_hh, d_b_ih, d_b_hh
 
 
+def _triton():
+    """The LSTM's Triton sweeps (:mod:`mgrit_gru.lstm.lstm_triton`), imported at the first one:
+    they need triton, which a CPU-only install may lack."""
+    from . import lstm_triton
+
+    return lstm_triton
+
+
 class LSTMCell:
     """The LSTM as a :class:`mgrit_gru.layer.cell.Cell`: state ``[h, c]``; coarse levels by
     the frozen-gate or secant chunk maps (it has no implicit step); the serial forward by
@@ -355,17 +363,24 @@ class LSTMCell:
         d = gate_grads(lam_next, C, None if out is None else out[0])
         return d, d  # both biases and both weights see the same pre-activations
 
+    # The compiled sweeps: ``kernel`` is what mgrit_gru.kernels.compiled_for chose, the C++
+    # module (its lstm_* functions, lstm_cpu.cpp) or the Triton token (name "triton"), on which
+    # the LSTM launches its own Triton sweeps (lstm_triton.py; same arguments).
+
     def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
-        kernel.lstm_forward(x0, out, gx, w_hh, g, keep, factor, dt, *pad, j0)
+        run = _triton().forward if kernel.name == "triton" else kernel.lstm_forward
+        run(x0, out, gx, w_hh, g, keep, factor, dt, *pad, j0)
 
     def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
-        kernel.lstm_adjoint(x0, out, D, C, w_hh, g)
+        run = _triton().adjoint if kernel.name == "triton" else kernel.lstm_adjoint
+        run(x0, out, D, C, w_hh, g)
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
         d = workspace.buffer("bwd.d_gx", (T, B, 4 * H), points)  # pooled, as the GRU's
         lam0 = points.new_empty((B, 2 * H))
-        kernel.lstm_serial_adjoint(points, kept, d_out, d_last, dt, w_hh, d, lam0)
+        run = _triton().serial_adjoint if kernel.name == "triton" else kernel.lstm_serial_adjoint
+        run(points, kept, d_out, d_last, dt, w_hh, d, lam0)
         return d, d, lam0  # both biases and weights see the same pre-activations
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:

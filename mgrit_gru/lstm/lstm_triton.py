@@ -1,14 +1,17 @@
-"""The LSTM's Triton sweeps (:mod:`mgrit_gru.kernels.gpu`) on the stacked state ``[h, c]``: one
-launch runs steps j0 .. j0 + S - 1 of every chunk, or the whole serial adjoint. The math is
-:mod:`mgrit_gru.lstm.cell`'s ``step``, ``adjoint_step`` and ``_coefficients``, which stay the
-reference (and ``lstm_cpu.cpp`` its compiled CPU twin, with the same arguments)."""
+"""The LSTM's Triton sweeps on the stacked state ``[h, c]``: one launch runs steps j0 .. j0 +
+S - 1 of every chunk, or the whole serial adjoint. :class:`mgrit_gru.lstm.cell.LSTMCell`'s
+``kernel_forward``, ``kernel_adjoint`` and ``kernel_vjp`` call :func:`forward`,
+:func:`adjoint` and :func:`serial_adjoint` when the layer hands them the Triton token
+(:func:`mgrit_gru.kernels.gpu.kernels`); the shared helpers and the launch are
+:mod:`mgrit_gru.kernels.gpu`'s, which names no cell. The math is :mod:`mgrit_gru.lstm.cell`'s
+``step``, ``adjoint_step`` and ``_coefficients``, which stay the reference (and
+``lstm_cpu.cpp`` its compiled CPU twin, with the same arguments)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..gru.gru_triton import _at
 from ..kernels import gpu
 from ..kernels.gpu import dot, load_w, load_wk, put, rows_of, sigmoid, tanh, tile
 
@@ -425,13 +428,13 @@ def serial_adjoint(points, kept, d_out, d_last, dt, w_hh, d, lam0):
     gpu.launch(
         _serial_adjoint_kernel,
         B,
-        _at(points, last),
-        _at(kept, last),
-        _at(d_out, last),
+        gpu.at(points, last),
+        gpu.at(kept, last),
+        gpu.at(d_out, last),
         d_last.contiguous(),
-        _at(dt, last) if dt is not None else points,
+        gpu.at(dt, last) if dt is not None else points,
         w_hh.contiguous(),
-        _at(d, last),
+        gpu.at(d, last),
         lam0,
         T,
         B,
