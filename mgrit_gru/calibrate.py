@@ -206,7 +206,96 @@ def measure(
     row = {kind: at_h64(fits[kind]) for kind in cost.KINDS}
     if cost.valid_row(row) is None:
         raise CalibrationError(f"the step costs measured here give no usable model: {row}")
+    if compiled_available():  # else the serial LSTM solve has no choice to make
+        serial = measure_serial(log=log)
+        row.update(serial)
     return row
+
+
+# -- the serial LSTM solve: torch's kernel against the compiled sweeps -----------------------
+SERIAL_BATCHES = (1, 4, 8)  # the serial LSTM solve's batches (beyond: their line), at
+SERIAL_STEPS = (16, 4096)  # a few steps (a call's fixed part) and many (a step's cost once
+# the sequence's buffers outgrow the caches: at B = 4 torch's kernel costs 0.9x the sweeps a
+# step over 1024 steps, 1.1x over 8192, AMD EPYC)
+SERIAL_ROUNDS = 2
+
+
+def serial_points(
+    batches: Sequence[int] = SERIAL_BATCHES,
+    steps: Sequence[int] = SERIAL_STEPS,
+    rounds: int = SERIAL_ROUNDS,
+    hidden: int = 64,
+) -> dict[str, list[tuple[int, int, float]]]:
+    """:data:`mgrit_gru.cost.SERIAL_KINDS` -> ``[(T, B, us)]``: one layer of
+    ``mgrit_gru.LSTM(1, hidden, solver="serial")`` as training runs it, its forward (autograd
+    recording) and its backward timed apart, each way (torch's kernel, the compiled sweeps:
+    :func:`mgrit_gru.layer.solve.serial_way`); per shape the least of ``rounds`` timings, the
+    rounds interleaved over shapes and ways (call inside :func:`_measuring`)."""
+    from .layer.solve import serial_way
+    from .lstm.module import LSTM
+
+    ways = (
+        ("torch", "lstm_torch", "lstm_torch_adjoint"),
+        ("sweep", "lstm_sweep", "lstm_sweep_adjoint"),
+    )
+    model = LSTM(1, hidden, solver="serial", kernels="compiled")
+    shapes = [(T, B) for T in steps for B in batches]
+    inputs = {(T, B): torch.randn(T, B, 1) for T, B in shapes}
+    best = {(way, T, B, p): float("inf") for way, *_ in ways for T, B in shapes for p in (0, 1)}
+    with torch.enable_grad():
+        for r in range(rounds + 1):  # round 0 warms up
+            for T, B in shapes:
+                for way, *_ in ways:
+                    with serial_way(way):
+                        start = time.thread_time()
+                        y, _ = model(inputs[T, B])
+                        mid = time.thread_time()
+                        y.backward(torch.ones_like(y))
+                        end = time.thread_time()
+                    if r:
+                        for p, t in ((0, mid - start), (1, end - mid)):
+                            best[way, T, B, p] = min(best[way, T, B, p], t * 1e6)
+    return {
+        kind: [(T, B, best[way, T, B, p]) for T, B in shapes]
+        for way, *kinds in ways
+        for p, kind in enumerate(kinds)
+    }
+
+
+def fit_serial(points: Sequence[tuple[int, int, float]]) -> list:
+    """``[call, [[B, us per step], ...]]`` from timings at two step counts per batch: a
+    step's cost per batch from their difference, the call's fixed part the least over the
+    batches of what the fewer steps leave (never below 0)."""
+    by_batch: dict[int, dict[int, float]] = {}
+    for T, B, t in points:
+        by_batch.setdefault(B, {})[T] = t
+    steps, calls = [], []
+    for B in sorted(by_batch):
+        (T1, t1), (T2, t2) = sorted(by_batch[B].items())[:1] + sorted(by_batch[B].items())[-1:]
+        per = max((t2 - t1) / (T2 - T1), 0.0) if T2 > T1 else t2 / T2
+        steps.append([B, per])
+        calls.append(max(t1 - T1 * per, 0.0))
+    return [min(calls), steps]
+
+
+def measure_serial(
+    rounds: int = SERIAL_ROUNDS, log: Optional[Callable[[str], None]] = None
+) -> dict[str, list]:
+    """This machine's :data:`mgrit_gru.cost.SERIAL_KINDS` entries at H = 64
+    (:func:`serial_points`, :func:`fit_serial`); one that is not a valid entry (a step's
+    cost not rising with the batch: a machine too busy to measure) is left out (the built-in
+    entry serves)."""
+    out = {}
+    with _measuring():
+        points = serial_points(rounds=rounds)
+    for kind, pts in points.items():
+        entry = fit_serial(pts)
+        if log:
+            text = "  ".join(f"B={B}:{us:.1f}" for B, us in entry[1])
+            log(f"{kind:<18} H=64 us a step {text}  call {entry[0]:.0f} us")
+        if cost.valid_serial(entry):
+            out[kind] = entry
+    return out
 
 
 # -- the cache ------------------------------------------------------------------------------
@@ -377,6 +466,13 @@ def _print_tables(row: dict, name: str) -> None:
     for kind in cost.KINDS:
         cells = [f"{o:7.1f} {c:9.3f} {o / c:9.1f}" for o, c in (row[kind], builtin[kind])]
         print(f"{kind:<8} {cells[0]}   {cells[1]}")
+    print("the serial LSTM solve, a whole layer: call us | us a step at batches ...")
+    for kind in cost.SERIAL_KINDS:
+        cells = [
+            f"{e[0]:5.0f} | " + " ".join(f"{b}:{us:.1f}" for b, us in e[1]) if e else "built-in"
+            for e in (row.get(kind), builtin[kind])
+        ]
+        print(f"  {kind:<18} {cells[0]:<40}   {cells[1]}")
     print('cfactor="auto" (o/c of "step" drives it):')
     for T, B, H in SHAPES:
         picks = []

@@ -82,6 +82,16 @@ BUILTIN = {
         "adjoint": (7.0, 0.50),
         "sweep": (0.3, 0.41),
         "sweep_adjoint": (0.0, 0.435),
+        # the serial LSTM solve's two ways (SERIAL_KINDS): (call us, ((B, us a step), ...));
+        # measured 2026-12-05 18:27 UTC on this project's
+        # 2-core AMD EPYC by `mgrit-gru calibrate` (calibrate.measure_serial: 16 and 4096
+        # steps, least of 2 rounds, one thread; the VM was slow that day, every time here
+        # 3-5x what the GRU kinds' day would give, so only their ratios count, which is all
+        # the choice reads)
+        "lstm_torch": (1533.0, ((1, 4.0), (4, 15.1), (8, 35.8))),
+        "lstm_torch_adjoint": (1736.0, ((1, 6.1), (4, 21.9), (8, 44.1))),
+        "lstm_sweep": (1672.0, ((1, 8.5), (4, 17.1), (8, 35.2))),
+        "lstm_sweep_adjoint": (779.0, ((1, 8.7), (4, 17.8), (8, 35.7))),
     },
     "cuda": {
         "step": (112.1, 0.0026),
@@ -170,13 +180,21 @@ def cache_path() -> Path:
 
 
 def valid_row(row) -> Optional[dict]:
-    """``{kind: (o, c)}`` for the three kinds with o >= 0 and c > 0 finite, else None."""
+    """``{kind: (o, c)}`` for the :data:`KINDS` with o >= 0 and c > 0 finite, else None;
+    with the row's valid :data:`SERIAL_KINDS` entries (a row without them,
+    or with one not valid, is still a row: :func:`serial_entry` takes the built-in ones)."""
     try:
         out = {k: (float(row[k][0]), float(row[k][1])) for k in KINDS}
     except (TypeError, KeyError, IndexError, ValueError):
         return None
     ok = all(math.isfinite(o) and math.isfinite(c) and o >= 0 and c > 0 for o, c in out.values())
-    return out if ok else None
+    if not ok:
+        return None
+    for kind in SERIAL_KINDS:
+        if kind in row and valid_serial(row[kind]):
+            call, steps = row[kind]
+            out[kind] = (float(call), tuple((int(b), float(us)) for b, us in steps))
+    return out
 
 
 def read_cache(path: Optional[Path] = None) -> dict:
@@ -425,3 +443,65 @@ def mgrit_hopeless(least: float, serial: float) -> bool:
     """Whether MGRIT's least cost ``least`` is within the model's :data:`ERROR` of the
     serial solve's ``serial`` (both modelled): then it cannot be shown to win."""
     return serial > 0 and least * ERROR >= serial
+
+
+# -- the serial LSTM solve: torch's kernel or the compiled sweeps ------------------------------
+# On the CPU with the compiled kernels the serial LSTM solve takes whichever of torch's LSTM
+# kernel (oneDNN's fused LSTM, torch.nn.LSTM's own) and the compiled sweeps this model prices
+# lower at the shape (mgrit_gru.layer.solve, _serial_by_torch). Each is a whole serial solve
+# as the layer runs it (the module's call, the input gates, the gradients' GEMMs: what one
+# way does inside its kernel the other does beside it), one thread, H = 64, float32, input 1,
+# measured by ``mgrit-gru calibrate`` (:func:`mgrit_gru.calibrate.measure_serial`): an entry
+# is ``(call, ((B, us), ...))``, a call's fixed part and a step's cost at a few batches B,
+# measured at 16 and 4096 steps (a long sequence: at B = 4 torch's kernel costs 0.9x the
+# sweeps a step over 1024 steps and 1.1x over 8192, once its buffers outgrow the caches; AMD
+# EPYC); between two batches a step costs ``o + c B`` of the line through them (beyond them,
+# of the nearest two), priced at other H and dtypes by :func:`price` (the GRU kinds' scaling,
+# not measured for these). "lstm_torch": the forward by torch's kernel under autograd, its
+# graph kept for the backward; "lstm_torch_adjoint": torch's backward through that graph;
+# "lstm_sweep": the compiled serial forward (keeping its gates); "lstm_sweep_adjoint": the
+# compiled serial adjoint with its gate gradients and the gradients' GEMMs. A cached table
+# without them (a calibration before 2026-12-05) takes the built-in ones.
+SERIAL_KINDS = ("lstm_torch", "lstm_torch_adjoint", "lstm_sweep", "lstm_sweep_adjoint")
+
+
+def valid_serial(entry) -> bool:
+    """Whether ``entry`` is a :data:`SERIAL_KINDS` entry: a call's cost >= 0 and two or more
+    batches (ascending, >= 1) whose step costs are > 0 and do not fall with the batch."""
+    try:
+        call, steps = entry
+        call = float(call)
+        steps = [(int(b), float(us)) for b, us in steps]
+    except (TypeError, ValueError):
+        return False
+    if not (math.isfinite(call) and call >= 0 and len(steps) >= 2):
+        return False
+    batches, costs = [b for b, _ in steps], [us for _, us in steps]
+    return (
+        batches[0] >= 1
+        and all(b1 < b2 for b1, b2 in zip(batches, batches[1:]))
+        and all(math.isfinite(us) and us > 0 for us in costs)
+        and all(u1 <= u2 for u1, u2 in zip(costs, costs[1:]))
+    )
+
+
+def serial_entry(kind: str) -> tuple:
+    """``(call, ((B, us), ...))`` of a :data:`SERIAL_KINDS` entry in the CPU table in use
+    (the built-in one where the table has none)."""
+    entry = table()["cpu"].get(kind)
+    return entry if entry is not None and valid_serial(entry) else BUILTIN["cpu"][kind]
+
+
+def serial_solve_us(kind: str, steps: int, batch: int, hidden: int, dtype=None) -> float:
+    """Modelled time of a whole serial solve of :data:`SERIAL_KINDS` ``kind`` over ``steps``
+    steps of ``batch`` sequences (one thread, the CPU)."""
+    call, points = serial_entry(kind)
+    k = 1
+    while k < len(points) - 1 and points[k][0] < batch:
+        k += 1
+    (b1, u1), (b2, u2) = points[k - 1], points[k]
+    c = (u2 - u1) / (b2 - b1)
+    at_64 = u1 + c * (batch - b1)  # measured: H = 64, float32
+    o = max(u1 - c * b1, 0.0)  # the line's part that price() scales as the step's fixed part
+    scale = price(o, c, batch, hidden, dtype) / price(o, c, batch, 64)
+    return call + steps * at_64 * scale

@@ -20,6 +20,7 @@ from conftest import max_errors, tight
 import mgrit_gru
 from mgrit_gru import kernels
 from mgrit_gru.gru import cell as gru_cell
+from mgrit_gru.layer.solve import serial_way
 from mgrit_gru.lstm import cell as lstm_cell
 
 pytestmark = pytest.mark.skipif(
@@ -123,7 +124,8 @@ def test_float32_within_torchs_own_error():
             torch_err = (ref32(x.float())[0].double() - exact).abs().max().item()
             for solver in ("serial", mgrit_gru.MGRIT(cfactor=16)):
                 ours = cls.from_torch(ref32, solver=solver, kernels="compiled")
-                y, _ = ours(x.float())
+                with serial_way("sweep"):  # the sweeps, where the model may take torch's LSTM
+                    y, _ = ours(x.float())
                 assert {s.kernels for s in ours.last_stats.forward} == {"compiled"}
                 err = (y.double() - exact).abs().max().item()
                 assert err <= 4 * torch_err + 1e-6, (cls, solver, err, torch_err)

@@ -49,6 +49,12 @@ class Cell(Protocol):
     # measured against, overhead multiplier, per-row multiplier[, a serial kernel's fixed
     # cost per call in units of that kind's overhead]); {} for the GRU itself
     costs: dict
+    # optional: beside the compiled CPU sweeps the serial solve takes torch's kernel where the
+    # cost model prices it lower: the cost.SERIAL_KINDS entries of (torch's forward, torch's
+    # adjoint, the sweeps' forward, the sweeps' adjoint); the cell then has
+    # fused_forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh) -> (points, graph), its forward under
+    # autograd, whose graph fused_vjp runs back through. Absent or None: the sweeps always.
+    # serial_kinds: Optional[tuple[str, str, str, str]]
     # which kernels run its sweeps (mgrit_gru.kernels.CHOICES), None: the process default
     kernels: Optional[str]
 
@@ -103,10 +109,14 @@ class Cell(Protocol):
         the inner points; ``fused_complete`` False) filled in. A copy: the points are the
         layer's output too, which autograd forbids changing in place."""
 
-    def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
+    def fused_vjp(
+        self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last, graph=None
+    ) -> Optional[tuple]:
         """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by a library kernel's own
         backward, from the gradients of the states after every step (their other blocks
-        than h zero) and of the last state; None where the kernel refuses the shape."""
+        than h zero) and of the last state; None where the kernel refuses the shape.
+        ``graph``: a ``fused_forward_graph``'s, run back through (else the forward runs
+        again under autograd)."""
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask) -> tuple[Tensor, Tensor]:
         """``(states (T, B, state * H), u_n)`` in plain autograd code, step by step."""

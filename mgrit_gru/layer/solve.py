@@ -24,6 +24,7 @@ there, and its C++ loop has less of it than any Python loop.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -205,6 +206,9 @@ class Hierarchy:
     # the forward's points hold h only between the ends (a cell's fused forward whose kernel
     # returns no more): Cell.complete_points fills the rest where the backward needs it
     partial: bool = False
+    # torch's kernel ran the serial forward under autograd (the compiled kernels' choice,
+    # _serial_by_torch): its graph, which the backward's torch kernel runs back through
+    graph: Optional[tuple] = None
 
     def release_kept(self) -> None:
         """Hand the kept gates back to the workspace (a later backward recomputes them)."""
@@ -371,8 +375,60 @@ def kernels_name(kernel, torch_kernel: bool) -> str:
 def _torch_serial(kernel) -> bool:
     """Whether a serial solve takes torch's own kernel where it fits the layer: without a
     compiled one, and beside the Triton sweeps (cuDNN's loop walks a serial sequence faster
-    than a sweep kernel; they serve MGRIT and the shapes cuDNN refuses)."""
+    than a sweep kernel; they serve MGRIT and the shapes cuDNN refuses). Beside the compiled
+    CPU sweeps the cost model decides (:func:`_serial_by_torch`)."""
     return kernel is None or getattr(kernel, "serial_by_torch", False)
+
+
+def serial_prices(cell: Cell, x: Tensor, H: int, train: bool) -> Optional[tuple[float, float]]:
+    """``(torch's kernel, the compiled sweeps)``: the cost model's price of this layer's
+    serial solve each way on the CPU (:data:`mgrit_gru.cost.SERIAL_KINDS`; the forward, and
+    the adjoint where ``train``), or None for a cell that states no such prices."""
+    kinds = getattr(cell, "serial_kinds", None)
+    if not kinds:
+        return None
+    T, B = x.shape[:2]
+    torch_fwd, torch_adj, sweep_fwd, sweep_adj = kinds
+    ways = ((torch_fwd, torch_adj), (sweep_fwd, sweep_adj))
+    return tuple(
+        sum(cost.serial_solve_us(k, T, B, H, x.dtype) for k in (fwd, adj)[: 1 + int(train)])
+        for fwd, adj in ways
+    )
+
+
+_forced_way: Optional[str] = None  # serial_way's
+
+
+@contextlib.contextmanager
+def serial_way(way: str):
+    """Inside the block, where :func:`_serial_by_torch` decides, the serial solve takes
+    ``way`` ("torch" or "sweep") whatever the cost model says: for the calibration, which
+    measures both (never a library call's choice)."""
+    global _forced_way
+    if way not in ("torch", "sweep"):
+        raise ValueError(f"serial_way: give 'torch' or 'sweep', not {way!r}")
+    old, _forced_way = _forced_way, way
+    try:
+        yield
+    finally:
+        _forced_way = old
+
+
+def _serial_by_torch(cell: Cell, kernel, x, w_hh, b_ih, b_hh, mask, tg, train: bool) -> bool:
+    """Beside the compiled CPU sweeps: whether the serial solve takes torch's kernel (a cell
+    with one and with prices for both ways, torch's conditions met (every step real, one
+    process, both biases or none), no trace recording (a trace stands for ranks, which run
+    the sweeps), and the cost model's price of torch's way below the sweeps' (forward and
+    adjoint where a backward follows: ``train``; the forward alone else). A function of
+    counts and the table in use only."""
+    if kernel is None or _torch_serial(kernel) or x.device.type != "cpu" or not cell.fused:
+        return False
+    if mask is not None or tg is not None or (b_ih is None) != (b_hh is None) or trace.active():
+        return False
+    if _forced_way is not None:  # the calibration's measurement of each way
+        return _forced_way == "torch" and getattr(cell, "serial_kinds", None) is not None
+    prices = serial_prices(cell, x, w_hh.shape[1], train)
+    return prices is not None and prices[0] < prices[1]
 
 
 def coarse_forward_ops(
@@ -528,9 +584,18 @@ def forward_solve(
     fused = (
         _torch_serial(kernel) and cell.fused and _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg)
     )
+    # beside the compiled CPU sweeps, torch's kernel where the cost model prices it lower;
+    # where a backward follows (keep) it runs under autograd and keeps its graph for it
+    by_torch = _serial_by_torch(cell, kernel, x, w_hh, b_ih, b_hh, mask, tg, keep)
+    fused = fused or by_torch
     meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
-    serial_kind = "fused" if fused else ("sweep" if kernel is not None else "step")
+    # (torch's kernel beside the sweeps: priced in the sweeps' units, below)
+    serial_kind = "fused" if fused and not by_torch else ("sweep" if kernel is not None else "step")
     serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    if by_torch:  # in the sweeps' units that MGRIT's meter counts: theirs, times torch's
+        # kernel's price over theirs
+        torch_us, sweep_us = serial_prices(cell, x, H, False)
+        serial_cost *= torch_us / sweep_us
     least = _least(grids, "sweep" if kernel is not None else "step", B, H, x, cell, tg)
     # a compiled step keeps its gates in its own loop, at a cost of a copy: always worth it
     worth_keeping = kernel is not None or _worth_keeping(grids, B, steps)
@@ -571,7 +636,12 @@ def forward_solve(
             # noted as a time group's serial solve would run (before the loop: its operators
             # belong to the steps' event); a refused shape notes it again below, harmlessly
             trace.message(trace.RECV_PREV, h0)
-            state["points"] = cell.fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
+            if by_torch and keep:
+                state["points"], hier.graph = cell.fused_forward_graph(
+                    x, h0, w_ih, w_hh, b_ih, b_hh
+                )
+            else:
+                state["points"] = cell.fused_forward(x, h0, w_ih, w_hh, b_ih, b_hh)
             if state["points"] is not None:
                 meter.add("fused", B, T, level=trace.SERIAL)
                 trace.message(trace.SEND_NEXT, state["points"][T])
@@ -810,6 +880,13 @@ def adjoint_solve(
     trace.phase("backward", reverse=not reverse)
     kernel = compiled_kernel(cell, x)
     fused = _torch_serial(kernel) and _fused_adjoint(cell, x, w_hh, b_ih, b_hh, mask, tg, d_out)
+    # beside the compiled CPU sweeps: torch's backward where the forward took torch's kernel
+    # and kept its graph (the forward's choice, priced for both passes), the sweeps else
+    graph, hier.graph = hier.graph, None
+    by_torch = (
+        graph is not None and not _torch_serial(kernel) and _fused_adjoint_on(cell, w_hh, d_out)
+    )
+    fused = fused or by_torch
     # the serial adjoint in one compiled call with the gate gradients, from the kept gates
     # (one process: a time group's serial pipeline passes lam between the ranks' loops)
     # (not while a trace records: a trace stands for ranks, which pass lam through the ranks'
@@ -818,7 +895,7 @@ def adjoint_solve(
         not fused and kernel is not None and hier.kept is not None and tg is None
         and not hier.partial and not trace.active()
     )  # fmt: skip
-    state: dict = {}
+    state: dict = {"graph": graph}
 
     def coefficients() -> tuple:
         """The fine steps' adjoint coefficients (not needed where torch's kernel solves)."""
@@ -855,8 +932,14 @@ def adjoint_solve(
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
     meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
-    serial_kind = "fused_adjoint" if fused else ("sweep_adjoint" if kernel else "adjoint")
+    serial_kind = (
+        "fused_adjoint" if fused and not by_torch else ("sweep_adjoint" if kernel else "adjoint")
+    )
     serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    if by_torch:  # in the sweeps' units, as the forward's
+        forward_and_adjoint = serial_prices(cell, x, H, True)
+        forward = serial_prices(cell, x, H, False)
+        serial_cost *= (forward_and_adjoint[0] - forward[0]) / (forward_and_adjoint[1] - forward[1])
     least = _least(mgrit_grids, "sweep_adjoint" if kernel else "adjoint", B, H, x, cell, tg)
 
     def coarse_ops(grids: list[Grid]) -> list:
@@ -884,7 +967,13 @@ def adjoint_solve(
             meter.add("adjoint", B, T, level=trace.SERIAL, cost_kind="sweep_adjoint")
             return SolveResult(d_last.new_empty(0), d_last)
         if len(grids) == 1 and fused:
-            grads = cell.fused_vjp(x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last)
+            if by_torch:  # back through the forward's graph (taken: a second backward of
+                # the same forward finds none and runs the sweeps' adjoint)
+                grads = cell.fused_vjp(
+                    x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last, graph=state.pop("graph")
+                )
+            else:
+                grads = cell.fused_vjp(x, points[0], w_ih, w_hh, b_ih, b_hh, d_out, d_last)
             if grads is not None:  # else cuDNN refused the shape: the library's loop
                 meter.add("fused", B, T, level=trace.SERIAL, cost_kind="fused_adjoint")
                 state["grads"] = grads
@@ -972,6 +1061,14 @@ def _fused_adjoint(cell: Cell, x, w_hh, b_ih, b_hh, mask, tg, d_out: Tensor) -> 
     if not cell.fused_adjoint or trace.active():
         return False
     if not _torch_kernel_fits(x, w_hh, b_ih, b_hh, mask, tg):
+        return False
+    return _fused_adjoint_on(cell, w_hh, d_out)
+
+
+def _fused_adjoint_on(cell: Cell, w_hh, d_out: Tensor) -> bool:
+    """Whether torch's backward can take these output gradients: a cell with one, no trace
+    recording, and no gradient on the states' other blocks (torch's kernel takes h's only)."""
+    if not cell.fused_adjoint or trace.active():
         return False
     H = w_hh.shape[1]
     return d_out.shape[-1] == H or not bool(d_out[..., H:].any())

@@ -266,12 +266,9 @@ def complete_points(points, x, w_ih, w_hh, b_ih, b_hh, block: int = 4096) -> Ten
     return points
 
 
-def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
-    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by torch's LSTM kernel and its
-    own backward (the forward run again under autograd), from the gradients of the states
-    after every step ``d_states`` ``(T, B, 2H)`` (their c half zero: the kernel takes
-    gradients of h only) and of the last state ``d_last`` ``(B, 2H)``. None where cuDNN
-    refuses the shape."""
+def _forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh) -> tuple:
+    """torch's LSTM kernel over detached leaves under autograd: ``(leaves, (y, h_n, c_n))``,
+    the graph :func:`fused_vjp` runs back through."""
     H = w_hh.shape[1]
     biased = b_ih is not None
     leaves = [
@@ -279,11 +276,45 @@ def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple
         for t in (x, u0[:, :H], u0[:, H:], w_ih, w_hh, *((b_ih, b_hh) if biased else ()))
     ]
     x_, h0, c0, *params = leaves
+    with torch.enable_grad():
+        outs = torch._VF.lstm(
+            x_, (h0.unsqueeze(0), c0.unsqueeze(0)), params, biased, 1, 0.0, True, False, False
+        )
+    return leaves, tuple(outs)
+
+
+def fused_forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh) -> tuple[Optional[Tensor], Optional[tuple]]:
+    """``(points, graph)``: :func:`fused_forward`'s points by torch's kernel run under
+    autograd (as torch.nn.LSTM runs it in training) and its graph, which :func:`fused_vjp`
+    runs back through instead of running the forward again; ``(None, None)`` where cuDNN
+    refuses the shape."""
+    T, B, H = x.shape[0], x.shape[1], w_hh.shape[1]
     try:
+        graph = _forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh)
+    except RuntimeError as exc:
+        if "CUDNN_STATUS" in str(exc):
+            return None, None
+        raise
+    y, _, c_n = graph[1]
+    points = x.new_empty((T + 1, B, 2 * H))
+    points[0] = u0
+    points[1:, :, :H] = y.detach()
+    points[1:T, :, H:] = 0.0
+    points[T, :, H:] = c_n[0].detach()
+    return points, graph
+
+
+def fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last, graph=None) -> Optional[tuple]:
+    """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` of one layer by torch's LSTM kernel and its
+    own backward, from the gradients of the states after every step ``d_states`` ``(T, B,
+    2H)`` (their c half zero: the kernel takes gradients of h only) and of the last state
+    ``d_last`` ``(B, 2H)``: back through ``graph`` (a :func:`fused_forward_graph`'s, freed
+    here), else the forward run again under autograd. None where cuDNN refuses the shape."""
+    H = w_hh.shape[1]
+    biased = b_ih is not None
+    try:
+        leaves, (y, h_n, c_n) = graph or _forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh)
         with torch.enable_grad():
-            y, h_n, c_n = torch._VF.lstm(
-                x_, (h0.unsqueeze(0), c0.unsqueeze(0)), params, biased, 1, 0.0, True, False, False
-            )
             grads = torch.autograd.grad(
                 (y, h_n, c_n),
                 leaves,
@@ -334,6 +365,9 @@ class LSTMCell:
         "sweep": ("sweep", 1.0, 1.36),
         "sweep_adjoint": ("sweep_adjoint", 1.0, 1.58),
     }
+    # the serial solve beside the compiled CPU sweeps: torch's kernel or theirs, whichever the
+    # cost model prices lower (mgrit_gru.cost.SERIAL_KINDS)
+    serial_kinds = ("lstm_torch", "lstm_torch_adjoint", "lstm_sweep", "lstm_sweep_adjoint")
 
     def __init__(self, kernels: Optional[str] = None) -> None:
         self.kernels = kernels  # mgrit_gru.kernels.CHOICES, or None: the process default
@@ -389,8 +423,13 @@ class LSTMCell:
     def complete_points(self, points, x, w_ih, w_hh, b_ih, b_hh) -> Tensor:
         return complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
 
-    def fused_vjp(self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last) -> Optional[tuple]:
-        return fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last)
+    def fused_forward_graph(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> tuple:
+        return fused_forward_graph(x, u0, w_ih, w_hh, b_ih, b_hh)
+
+    def fused_vjp(
+        self, x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last, graph=None
+    ) -> Optional[tuple]:
+        return fused_vjp(x, u0, w_ih, w_hh, b_ih, b_hh, d_states, d_last, graph)
 
     def reference_layer(self, x, u0, w_ih, w_hh, b_ih, b_hh, mask=None):
         return reference_layer(x, u0, w_ih, w_hh, b_ih, b_hh, mask)
