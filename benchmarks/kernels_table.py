@@ -3,6 +3,7 @@ by side: forward and training step per (model, T, B), one thread, random init.
 
     python benchmarks/kernels_table.py [--models gru lstm] [--T 1024 16384 65536]
                                        [--batch 1 4 32] [--repeats 3] [--json PATH]
+                                       [--warm-up T ...] [--rows NAME ...]
 
 Rows per shape, timed interleaved repeat by repeat in one process (medians): torch's module;
 the serial solve and ``MGRIT()`` on the PyTorch steps (``kernels="pytorch"``: the library as
@@ -10,6 +11,12 @@ it was before the compiled kernels); the serial solve, the default ``solver="aut
 ``MGRIT()`` on the compiled kernels. Ratios are against torch's module in the same run
 ("x torch"); the roofline columns are those of ``mgrit-gru bench``: the training step's GEMM
 flops per second and its time over those flops' time at this core's GEMM rate at its rows.
+
+``--warm-up T ...`` first runs the same rows at these T once each (one repeat, not
+reported): the table is then taken late in a long process, as a training run sees it (torch's
+LSTM backward pays page faults on its large buffers early in a process, not once the heap
+holds memory to reuse). ``--rows`` keeps only the named library rows (torch's module always
+runs).
 """
 
 from __future__ import annotations
@@ -42,11 +49,13 @@ ROWS = (
 )
 
 
-def one_shape(model: str, T: int, B: int, args, rates: dict) -> list[dict]:
+def one_shape(
+    model: str, T: int, B: int, args, rates: dict, rows=ROWS, quiet: bool = False
+) -> list[dict]:
     ref, x, w_y, w_h = problem(T, B, args.input, args.hidden, model=model)
     ours = MODELS[model][1]
-    rows = [Row(MODELS[model][0].__name__, ref)]
-    for name, solver, kernels in ROWS:
+    chosen, rows = rows, [Row(MODELS[model][0].__name__, ref)]
+    for name, solver, kernels in chosen:
         solver = MGRIT() if solver == "mgrit" else solver
         rows.append(Row(name, ours.from_torch(ref, solver=solver, kernels=kernels)))
     for row in rows:  # warm-up (auto learns its choice here)
@@ -69,6 +78,8 @@ def one_shape(model: str, T: int, B: int, args, rates: dict) -> list[dict]:
             rec["iters"] = f"{row.stats.forward_iterations}/{row.stats.backward_iterations}"
             rec["kernels"] = ",".join(sorted({s.kernels for s in row.stats.solves}))
         out.append(rec)
+        if quiet:
+            continue
         print(
             f"{model:<5} {T:>6} {B:>3} {row.name:<18} {1e3 * fwd:>9.1f} {1e3 * train:>9.1f} "
             f"{base_f / fwd:>7.2f} {base_t / train:>7.2f} {rec.get('iters', '-'):>6} "
@@ -87,7 +98,22 @@ def main(argv=None) -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument(
+        "--warm-up",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="T",
+        help="first run the rows at these T once, unreported (measure late in one process)",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        choices=[name for name, *_ in ROWS],
+        help="the library rows to run (default: all)",
+    )
     args = p.parse_args(argv)
+    rows = [r for r in ROWS if args.rows is None or r[0] in args.rows]
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     print(
@@ -109,11 +135,16 @@ def main(argv=None) -> None:
         f"{'model':<5} {'T':>6} {'B':>3} {'solver':<18} {'fwd ms':>9} {'train ms':>9} "
         f"{'fwd x':>7} {'train x':>7} {'it f/b':>6} {'GF/s':>6} {'x floor':>7}"
     )
+    for model in args.models:
+        for T in args.warm_up:
+            for B in args.batch:
+                warm = argparse.Namespace(**{**vars(args), "repeats": 1})
+                one_shape(model, T, B, warm, {model: rates[model][B]}, rows, quiet=True)
     results = []
     for model in args.models:
         for T in args.T:
             for B in args.batch:
-                results += one_shape(model, T, B, args, {model: rates[model][B]})
+                results += one_shape(model, T, B, args, {model: rates[model][B]}, rows)
                 if args.json:  # after every shape: a run cut short keeps what it measured
                     with open(args.json, "w") as f:
                         meta = {"cpu": cpu_name(), "torch": torch.__version__}

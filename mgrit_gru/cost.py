@@ -32,7 +32,9 @@ Three kinds:
   (:mod:`mgrit_gru.kernels`), which run whole sweeps in one call: their overhead is about
   nothing, so a serial sweep costs what its rows do, and MGRIT's wider rows buy little on one
   core (the serial solve's compiled adjoint, which also forms the gate gradients, is priced
-  as "sweep_adjoint").
+  as "sweep_adjoint");
+- :data:`SERIAL_KINDS`: the serial LSTM solve on the CPU, whole, by torch's kernel or by the
+  compiled sweeps, between which the layer chooses (the end of this module).
 
 The table in use (:func:`table`, :func:`active`):
 
