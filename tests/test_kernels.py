@@ -330,3 +330,16 @@ def test_sweeps_over_threads_equal_one_thread(model, solver):
             assert torch.equal(a, b), threads
     for a, b in zip(got[1], expected):
         assert (a - b).abs().max() <= 1e-11 * (1 + b.abs().max())
+
+
+def test_the_sweeps_open_parallel_regions_in_torchs_openmp_runtime():
+    """Built without OpenMP, ATen's parallel_for (a header template) runs its body on the
+    calling thread: every sweep on one core whatever torch.set_num_threads said (so it was
+    until 2026-12-05). The module says how it was built, and its OpenMP is torch's own (one
+    runtime and thread pool in the process, sized by torch.set_num_threads)."""
+    module = kernels.load()
+    assert module.threaded
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/maps") as maps:
+            runtimes = {line.split()[-1] for line in maps if "libgomp" in line.split("/")[-1]}
+        assert len(runtimes) <= 1, runtimes

@@ -66,7 +66,13 @@ SOURCES = (
     _ROOT / "lstm" / "lstm_cpu.cpp",
 )
 HEADERS = (_ROOT / "kernels" / "common.h",)
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp-simd", "-std=c++17")
+# -fopenmp: ATen's parallel_for is a header template that opens an OpenMP region only where
+# the including code is compiled with OpenMP (_OPENMP); without it every sweep ran on one
+# thread whatever torch.get_num_threads() said. Linked with -fopenmp, the module needs
+# libgomp.so.1, which the loader finds already loaded with torch (one OpenMP runtime and
+# thread pool in the process, the one torch.set_num_threads sets).
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-std=c++17")
+LDFLAGS = ("-fopenmp",)
 DTYPES = (torch.float32, torch.float64)
 
 _lock = threading.Lock()
@@ -101,7 +107,8 @@ def _key() -> str:
     # checkout and an installed copy of the same code share a build; the extension suffix
     # names the Python the module was built for
     abi = sysconfig.get_config_var("EXT_SUFFIX") or sys.implementation.cache_tag
-    where = f"{_LAYOUT}|{torch.__version__}|{abi}|{cpu_name()}|{platform.machine()}|{FLAGS}"
+    flags = f"{FLAGS}|{LDFLAGS}"
+    where = f"{_LAYOUT}|{torch.__version__}|{abi}|{cpu_name()}|{platform.machine()}|{flags}"
     digest.update(where.encode())
     return digest.hexdigest()[:16]
 
@@ -298,6 +305,7 @@ def _build(folder: Path):
             name=f"mgrit_gru_cpu_{folder.name}",
             sources=[str(s) for s in SOURCES],
             extra_cflags=list(FLAGS),
+            extra_ldflags=list(LDFLAGS),
             build_directory=str(work),
             verbose=False,
         )

@@ -30,4 +30,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_adjoint", &mgrit::lstm_adjoint);
   m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint);
   m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
+  // whether at::parallel_for opens OpenMP regions here (the module built with -fopenmp): the
+  // sweeps' blocks spread over torch's threads only then
+#ifdef INTRA_OP_PARALLEL
+  m.attr("threaded") = true;
+#else
+  m.attr("threaded") = false;
+#endif
 }

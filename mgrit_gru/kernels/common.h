@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/extension.h>
 
 #include <cmath>
@@ -219,7 +220,13 @@ inline void over_blocks(int64_t R, int64_t work, F&& block) {
     return;
   }
   std::atomic<int64_t> next{0};
+  // OpenMP's threads start from default thread-local state (grad mode on, ...): they take the
+  // caller's, and record no graph (the blocks' ATen GEMMs write into buffers that views of
+  // weights needing grad feed)
+  const at::ThreadLocalState caller;
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    at::ThreadLocalStateGuard state(caller);
+    c10::AutoGradMode no_grad(false);
     for (int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) block(b * per, std::min(R, (b + 1) * per));
   });
 }
