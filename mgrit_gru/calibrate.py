@@ -372,14 +372,20 @@ def for_run(cfg, run: Path, resume: bool, log: Callable[[str], None] = print) ->
     calibration, measured first (quick, one line said) if none is cached and the cache is
     not switched off (``MGRIT_GRU_CALIBRATION=builtin``: the test suite). Time-parallel
     ranks, which must decide alike, take the built-in table; serial, torch and CUDA runs need no
-    calibration (the CUDA row is the built-in one). A table pinned before is dropped."""
+    calibration (the CUDA row is the built-in one). A table pinned before is dropped. The
+    thread count the solves are priced at (``--threads``, else torch's) is pinned and
+    recorded likewise (a resumed run without one was priced at one thread)."""
     record = Path(run) / RUN_FILE
     cost.reset()
     if resume:
         entry = _read_json(record)
         table = cost.valid_row(entry.get("cpu")) if isinstance(entry, dict) else None
         cost.use(table, entry if table else None)
+        threads = entry.get("threads", 1) if isinstance(entry, dict) else 1
+        cost.pin_threads(threads if isinstance(threads, int) and threads >= 1 else 1)
         return cost.active()
+    # the threads the run's solves are priced at (--threads, else torch's), kept for a resume
+    cost.pin_threads(getattr(cfg, "threads", None) or cost.pricing_threads())
     if cfg.time_parallel > 1:
         cost.use(None)
         return cost.active()
@@ -400,7 +406,11 @@ def for_run(cfg, run: Path, resume: bool, log: Callable[[str], None] = print) ->
     cost.use(now.table, now.entry)
     # (a file named as the run, or a folder holding a run: train refuses it, untouched)
     if not record.parent.is_file() and not (record.parent / "checkpoint.pt").exists():
-        about = {"origin": now.origin, "described": now.describe()}
+        about = {
+            "origin": now.origin,
+            "described": now.describe(),
+            "threads": cost.pricing_threads(),
+        }
         if now.path:
             about["path"] = now.path
         write_json_atomic(record, {**(now.entry or {}), **about, "cpu": now.table["cpu"]})

@@ -17,7 +17,8 @@ call's bookkeeping, about 3% of it at H = 64), a part per hidden unit (the gate 
 sigmoids, tanh) and the GEMM's H^2; the step's pass over ``W_hh`` (about WEIGHT_ROWS rows'
 worth at H = 64) grows as H^2 whatever the rows. A call's fixed part, which no step counts,
 is :func:`fixed_us`; the automatic choice's a-priori test is :func:`first_relaxation_us` and
-:func:`mgrit_hopeless`. Everything is one thread's (:data:`THREADS`). (Until 2026-12-05
+:func:`mgrit_hopeless`. A table is one thread's (:data:`THREADS`); the compiled sweeps'
+rows are priced at the process's threads (:func:`thread_share`). (Until 2026-12-05
 the model scaled ``c`` by ``x^1.75``, fitted over H = 32-128: at H = 8 that priced a row 5x
 below its cost, at H = 1 30-60x, so MGRIT's wide sweeps at small H looked 30x cheaper than
 they ran; docs/design.md, "The cost model".)
@@ -130,6 +131,23 @@ H_EXPONENT = 1.75  # the former model's c * x^1.75 (the projection's machine tab
 KINDS = ("step", "fused", "adjoint", "sweep", "sweep_adjoint")
 THREADS = 1  # a calibration is measured at one thread (torch.set_num_threads(1))
 ENV, CACHE_ENV = "MGRIT_GRU_CALIBRATION", "MGRIT_GRU_CACHE"
+# Threads. A compiled sweep (the "sweep" kinds) shares its rows among the process's threads in
+# blocks (mgrit_gru/kernels/common.h, over_blocks; the constants below are its): about R /
+# SWEEP_BLOCKS rows a block, whole groups of four, at most BLOCK_ROWS; one thread runs a block
+# through every step of the sweep, the threads take blocks from a shared counter, and a sweep
+# whose work (rows x steps x H) is below PARALLEL_WORK stays on one thread. So the serial
+# solve's sweep at B = 4 (one block) runs on one thread whatever the count, MGRIT's over T / m
+# x B rows on all of them. The slowest thread's blocks set the sweep's time, each thread at
+# THREAD_EFFICIENCY of one thread's speed (the cores share the caches and memory the blocks'
+# gates stream through: benchmarks/threads.py --sweeps, docs/measurements.md, "Threads").
+# The PyTorch steps ("step", "adjoint") and torch's own loop ("fused") are priced at one
+# thread: torch spreads a step's GEMM over threads only at thousands of rows, and the
+# library runs them only without the compiled kernels. THREADS_ENV pins the count the model
+# prices at (the test suite pins 1: the same choices on any core count); unset, it is
+# torch.get_num_threads() when the solve starts; a time group's ranks price at one thread.
+SWEEP_BLOCKS, BLOCK_ROWS, PARALLEL_WORK = 16, 256, 1 << 16
+THREAD_EFFICIENCY = 0.8
+THREADS_ENV = "MGRIT_GRU_COST_THREADS"
 
 
 class Active(NamedTuple):
@@ -154,6 +172,7 @@ class Active(NamedTuple):
 
 _BUILTIN_ACTIVE = Active(BUILTIN, "builtin")
 _pinned: Optional[Active] = None
+_threads: Optional[int] = None  # pin_threads
 _cached: Optional[Active] = None  # the cache as read once (builtin when it holds no entry)
 
 
@@ -285,9 +304,9 @@ def reload() -> None:
 
 
 def reset() -> None:
-    """Forget any pinned table and the cache as read."""
-    global _pinned
-    _pinned = None
+    """Forget any pinned table and thread count, and the cache as read."""
+    global _pinned, _threads
+    _pinned = _threads = None
     reload()
 
 
@@ -311,13 +330,71 @@ def dtype_scale(dtype=None, device: str = "cpu", factors: Optional[dict] = None)
     return (DTYPE if factors is None else factors).get(dtype, 1.0)
 
 
-def price(o: float, c: float, rows: float, hidden: int, dtype=None, device: str = "cpu") -> float:
+def price(
+    o: float,
+    c: float,
+    rows: float,
+    hidden: int,
+    dtype=None,
+    device: str = "cpu",
+    share: float = 1.0,
+) -> float:
     """The model of one step over ``rows`` states from its table entry ``(o, c)`` (at H = 64,
-    float32): the module's formula (the fixed part never below zero)."""
+    float32): the module's formula (the fixed part never below zero); ``share``: the threads'
+    speed-up of the rows' part (:func:`thread_share`)."""
     # o holds one pass over W_hh at H = 64 (WEIGHT_ROWS rows' worth): elsewhere it scales
     weights = dtype_scale(dtype, device, DTYPE_WEIGHTS) * (hidden / 64) ** 2
     fixed = max(o + WEIGHT_ROWS * c * (weights - 1.0), 0.0)
-    return fixed + c * dtype_scale(dtype, device) * rows * row_scale(hidden)
+    return fixed + c * dtype_scale(dtype, device) * rows * row_scale(hidden) / share
+
+
+def pin_threads(threads: Optional[int]) -> None:
+    """Price at ``threads`` in this process from now on (None: as :func:`pricing_threads`
+    says); a training run pins the count it started with, so that its resumption at another
+    ``--threads`` decides as before."""
+    global _threads
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"cost.pin_threads: give a thread count of at least 1, not {threads!r}")
+    _threads = threads
+
+
+def pricing_threads(time_group: bool = False) -> int:
+    """The thread count the model prices at: 1 on a time group's ranks (which must decide
+    alike whatever their threads), else the count :func:`pin_threads` pinned, else
+    :data:`THREADS_ENV`'s, else torch's."""
+    if time_group:
+        return 1
+    if _threads is not None:
+        return _threads
+    pinned = os.environ.get(THREADS_ENV, "").strip()
+    if pinned:
+        if not pinned.isdigit() or int(pinned) < 1:
+            raise ValueError(f"{THREADS_ENV}={pinned!r}: give a thread count of at least 1")
+        return int(pinned)
+    return torch.get_num_threads()
+
+
+def sweep_blocks(rows: int) -> tuple[int, int]:
+    """``(blocks, rows per block)`` of a compiled sweep over ``rows`` rows (over_blocks')."""
+    per = min(BLOCK_ROWS, -(-rows // SWEEP_BLOCKS))
+    per = max(4, -(-per // 4) * 4)
+    return -(-rows // per), per
+
+
+def thread_share(kind: str, rows: int, steps: int, hidden: int, threads: int) -> float:
+    """The speed-up ``threads`` give the rows' part of ``steps`` steps of ``kind`` over
+    ``rows`` rows: 1 but for the compiled sweeps, whose blocks the threads share (the slowest
+    thread's whole blocks set the time, each thread at :data:`THREAD_EFFICIENCY`)."""
+    if threads <= 1 or kind not in ("sweep", "sweep_adjoint") or rows <= 0:
+        return 1.0
+    if rows * max(steps, 1) * hidden < PARALLEL_WORK:
+        return 1.0
+    blocks, per = sweep_blocks(rows)
+    used = min(threads, blocks)
+    if used <= 1:
+        return 1.0
+    slowest = -(-blocks // used) * per  # rows the busiest thread runs
+    return max(1.0, min(rows, slowest * used) / slowest * THREAD_EFFICIENCY)
 
 
 def step_us(
@@ -327,12 +404,16 @@ def step_us(
     device: str = "cpu",
     cell_costs: Optional[dict] = None,
     dtype=None,
+    threads: int = 1,
+    steps: int = 1,
 ) -> float:
     """Modelled time of one step of ``kind`` over ``rows`` states; ``cell_costs``: a cell's
     :data:`mgrit_gru.layer.cell.Cell.costs` (its steps against the GRU's), or None (a GRU);
-    ``dtype``: the states' (None: float32)."""
+    ``dtype``: the states' (None: float32); ``threads``: the process's, in a sweep of
+    ``steps`` such steps (:func:`thread_share`)."""
     o, c = _costs(table()[_kind(device)], kind, cell_costs)
-    return price(o, c, rows, hidden, dtype, device)
+    share = _share(kind, rows, steps, hidden, device, cell_costs, threads)
+    return price(o, c, rows, hidden, dtype, device, share)
 
 
 def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, float]:
@@ -341,6 +422,14 @@ def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, flo
     base, o_times, c_times = (cell_costs or {}).get(kind, (kind, 1.0, 1.0))[:3]
     o, c = row[base]
     return o * o_times, c * c_times
+
+
+def _share(kind, rows, steps, hidden, device, cell_costs, threads) -> float:
+    """:func:`thread_share` of a cell's ``kind`` (its base kind's) on the CPU; 1 elsewhere."""
+    if threads <= 1 or _kind(device) != "cpu":
+        return 1.0
+    base = (cell_costs or {}).get(kind, (kind,))[0]
+    return thread_share(base, rows, steps, hidden, threads)
 
 
 def call_us(kind: str, device: str = "cpu", cell_costs: Optional[dict] = None) -> float:
@@ -364,9 +453,14 @@ class Meter:
     the table is the one in use when the meter is made; ``dtype``: the solve's."""
 
     def __init__(
-        self, hidden: int, device: str = "cpu", cell_costs: Optional[dict] = None, dtype=None
+        self,
+        hidden: int,
+        device: str = "cpu",
+        cell_costs: Optional[dict] = None,
+        dtype=None,
+        threads: int = 1,
     ):
-        self.hidden, self.device, self.dtype = hidden, device, dtype
+        self.hidden, self.device, self.dtype, self.threads = hidden, device, dtype, threads
         self.spent = 0.0
         self.row_steps = 0  # steps times their rows: the recurrent GEMMs' rows, all kinds
         self._costs = table()[_kind(device)]
@@ -387,7 +481,8 @@ class Meter:
         stand for other work (passes over all rows that the alternative does without): no
         row-steps, no trace entry."""
         o, c = _costs(self._costs, kind, self._cell_costs)
-        self.spent += calls * price(o, c, rows, self.hidden, self.dtype, self.device)
+        share = _share(kind, rows, calls, self.hidden, self.device, self._cell_costs, self.threads)
+        self.spent += calls * price(o, c, rows, self.hidden, self.dtype, self.device, share)
 
 
 def serial_us(
@@ -398,11 +493,13 @@ def serial_us(
     device: str = "cpu",
     cell_costs: Optional[dict] = None,
     dtype=None,
+    threads: int = 1,
 ) -> float:
     """Modelled time of a serial sweep of ``steps`` steps over ``batch`` sequences (and the
-    kernel's fixed cost per call, where a cell states one: :func:`call_us`)."""
+    kernel's fixed cost per call, where a cell states one: :func:`call_us`) at ``threads``."""
     per_call = call_us(kind, device, cell_costs)
-    return per_call + steps * step_us(kind, batch, hidden, device, cell_costs, dtype)
+    step = step_us(kind, batch, hidden, device, cell_costs, dtype, threads, steps)
+    return per_call + steps * step
 
 
 # The automatic choice's a-priori test (mgrit_gru.layer.control.solve_guarded): every MGRIT
@@ -432,12 +529,13 @@ def first_relaxation_us(
     cell_costs: Optional[dict] = None,
     dtype=None,
     levels: int = 2,
+    threads: int = 1,
 ) -> float:
     """Modelled time of MGRIT's first F-relaxation on level 0, ``chunk - 1`` steps of ``kind``
     over ``chunks * batch`` rows, and the fixed part of its ``levels`` beyond the serial
     solve's (:func:`fixed_us`): the least an MGRIT solve runs beyond what serial does."""
-    rows = chunks * batch
-    sweep = max(chunk - 1, 0) * step_us(kind, rows, hidden, device, cell_costs, dtype)
+    rows, steps = chunks * batch, max(chunk - 1, 0)
+    sweep = steps * step_us(kind, rows, hidden, device, cell_costs, dtype, threads, steps)
     return sweep + fixed_us(levels, device) - fixed_us(1, device)
 
 

@@ -18,6 +18,9 @@ import mgrit_gru
 # The cost model's built-in table, whatever this machine has calibrated (mgrit-gru calibrate):
 # decisions under test are the same on every machine. Subprocesses inherit it.
 os.environ["MGRIT_GRU_CALIBRATION"] = "builtin"
+# ... priced at one thread, whatever this machine's core count (tests that mean the thread
+# count's effect set it themselves).
+os.environ["MGRIT_GRU_COST_THREADS"] = "1"
 
 
 @pytest.fixture(autouse=True)

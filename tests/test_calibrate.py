@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +234,73 @@ def test_a_refused_run_folder_is_left_alone(tmp_path):
     calibrate.for_run(_Cfg(), tmp_path / "held", resume=False)
     assert sorted(p.name for p in (tmp_path / "held").iterdir()) == ["checkpoint.pt"]
     assert (tmp_path / "file").read_text() == "x"
+
+
+# -- the thread count the model prices at ------------------------------------------------------
+
+
+def test_sweep_blocks_are_the_compiled_sweeps_own():
+    # the constants the model mirrors, read from the C++ source the sweeps are built from
+    header = (Path(cost.__file__).parent / "kernels" / "common.h").read_text()
+    for name, value in (
+        ("BLOCKS", cost.SWEEP_BLOCKS),
+        ("BLOCK_ROWS", cost.BLOCK_ROWS),
+        ("PARALLEL_WORK", cost.PARALLEL_WORK),
+    ):
+        match = re.search(rf"constexpr int64_t {name} = ([^;]+);", header)
+        assert match and eval(match.group(1), {}) == value, name
+    # over_blocks: about R / 16 rows a block, whole groups of four, at most 256
+    assert cost.sweep_blocks(4) == (1, 4)
+    assert cost.sweep_blocks(100) == (13, 8)
+    assert cost.sweep_blocks(4096 * 4) == (64, 256)
+
+
+def test_threads_speed_up_only_sweeps_with_many_blocks():
+    eff = cost.THREAD_EFFICIENCY
+    # the serial solve's sweep over B = 4 rows is one block: one thread whatever the count
+    assert cost.thread_share("sweep", 4, 16384, 64, 2) == 1.0
+    # MGRIT's sweeps over T / m x B rows: every thread, each at the measured efficiency
+    assert cost.thread_share("sweep", 4096 * 4, 3, 64, 2) == pytest.approx(2 * eff)
+    assert cost.thread_share("sweep_adjoint", 4096 * 4, 3, 64, 4) == pytest.approx(4 * eff)
+    # 13 blocks on 4 threads: the busiest thread runs 4 of them
+    assert cost.thread_share("sweep", 100, 1000, 64, 4) == pytest.approx(100 / 32 * eff)
+    # below the work that opens a parallel region, and torch's own steps: one thread
+    assert cost.thread_share("sweep", 64, 2, 64, 2) == 1.0
+    assert cost.thread_share("step", 4096, 3, 64, 2) == 1.0
+    one = cost.step_us("sweep", 4096, 64, steps=3)
+    assert cost.step_us("sweep", 4096, 64, threads=2, steps=3) < one
+    assert cost.serial_us("sweep", 16384, 4, 64, threads=2) == cost.serial_us("sweep", 16384, 4, 64)
+    # so two threads make MGRIT's first relaxation, not the serial solve, cheaper
+    first = [cost.first_relaxation_us("sweep", 16, 1024, 4, 64, threads=t) for t in (1, 2)]
+    assert first[1] < first[0] / 1.5
+
+
+def test_pricing_threads_pinned_from_the_environment_or_torch(monkeypatch):
+    monkeypatch.setenv(cost.THREADS_ENV, "3")
+    assert cost.pricing_threads() == 3 and cost.pricing_threads(time_group=True) == 1
+    cost.pin_threads(2)
+    assert cost.pricing_threads() == 2
+    cost.reset()
+    monkeypatch.delenv(cost.THREADS_ENV)
+    assert cost.pricing_threads() == torch.get_num_threads()
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(cost.THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=cost.THREADS_ENV):
+            cost.pricing_threads()
+    with pytest.raises(ValueError, match="at least 1"):
+        cost.pin_threads(0)
+
+
+def test_a_run_records_its_threads_and_resumes_with_them(tmp_path, monkeypatch):
+    _cached_mode(monkeypatch)
+    monkeypatch.setattr(calibrate, "measure", lambda quick=True, log=None: dict(ROW))
+    cfg = _Cfg()
+    cfg.threads = 2
+    calibrate.for_run(cfg, tmp_path / "run", resume=False, log=lambda line: None)
+    assert cost.pricing_threads() == 2
+    assert json.loads((tmp_path / "run" / calibrate.RUN_FILE).read_text())["threads"] == 2
+    cost.reset()
+    calibrate.for_run(_Cfg(), tmp_path / "run", resume=True)  # resumed at another --threads
+    assert cost.pricing_threads() == 2
+    calibrate.for_run(_Cfg(), tmp_path / "old", resume=True)  # recorded before: one thread
+    assert cost.pricing_threads() == 1

@@ -473,8 +473,10 @@ def _least(grids: list[Grid], kind: str, B: int, H: int, x: Tensor, cell: Cell, 
     if len(grids) == 1 or tg is not None:
         return 0.0
     fine = grids[0]
-    device, costs = x.device.type, cell.costs
-    return cost.first_relaxation_us(kind, fine.m, fine.n, B, H, device, costs, x.dtype, len(grids))
+    device, costs, threads = x.device.type, cell.costs, cost.pricing_threads()
+    return cost.first_relaxation_us(
+        kind, fine.m, fine.n, B, H, device, costs, x.dtype, len(grids), threads
+    )
 
 
 def _guard(options: MGRIT, rule: Stopping, meter: cost.Meter, serial: float, tg):
@@ -588,10 +590,13 @@ def forward_solve(
     # where a backward follows (keep) it runs under autograd and keeps its graph for it
     by_torch = _serial_by_torch(cell, kernel, x, w_hh, b_ih, b_hh, mask, tg, keep)
     fused = fused or by_torch
-    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
+    threads = cost.pricing_threads(tg is not None)
+    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype, threads)
     # (torch's kernel beside the sweeps: priced in the sweeps' units, below)
     serial_kind = "fused" if fused and not by_torch else ("sweep" if kernel is not None else "step")
-    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    serial_cost = cost.serial_us(
+        serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype, threads
+    )
     if by_torch:  # in the sweeps' units that MGRIT's meter counts: theirs, times torch's
         # kernel's price over theirs
         torch_us, sweep_us = serial_prices(cell, x, H, False)
@@ -931,11 +936,14 @@ def adjoint_solve(
     if not ((fused or whole) and serial_only):
         forcing()  # here: a collective on ranks, and MGRIT's scale
     steps = T if tg is None else tg.steps
-    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype)
+    threads = cost.pricing_threads(tg is not None)
+    meter = cost.Meter(H, x.device.type, cell.costs, x.dtype, threads)
     serial_kind = (
         "fused_adjoint" if fused and not by_torch else ("sweep_adjoint" if kernel else "adjoint")
     )
-    serial_cost = cost.serial_us(serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype)
+    serial_cost = cost.serial_us(
+        serial_kind, steps, B, H, x.device.type, cell.costs, x.dtype, threads
+    )
     if by_torch:  # in the sweeps' units, as the forward's
         forward_and_adjoint = serial_prices(cell, x, H, True)
         forward = serial_prices(cell, x, H, False)
