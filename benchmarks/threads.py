@@ -4,6 +4,7 @@ solve at the same thread count, with where the time went.
     python benchmarks/threads.py [--threads 1 2] [--batch 1 4 16 32] [--T 4096 16384 65536]
         [--solvers serial auto mgrit budget] [--weights random trained] [--checkpoint RUN]
         [--busy none loop] [--repeats 3] [--json FILE] [--dry-run]
+    python benchmarks/threads.py --sweeps [--threads 1 2] [--rows 4 8 16 64 256 1024 4096]
 
 Per (weights, T, B), every solver's training step (forward and backward of a per-step loss
 plus ``h_n``, input 32, hidden 64 on random weights; the checkpoint's sizes on trained ones) is
@@ -22,6 +23,11 @@ checkpoint (``runs/trained-models/smnist/run`` by default, made by ``python
 benchmarks/trained_models.py``, or any ``mgrit-gru train`` run folder), its training sequences
 joined end to end up to T. ``--dry-run``: T = 512, B = 2, threads 1 and 2, one round (the test
 suite runs it).
+
+``--sweeps``: one compiled F-relaxation (forward and adjoint kinds, H = ``--hidden``, 64 steps)
+per row count, wall time per step at each thread count against the cost model's price at
+that thread count (:func:`mgrit_gru.cost.thread_share`: the rows' blocks the threads share):
+the check of the model's thread share and of :data:`mgrit_gru.cost.THREAD_EFFICIENCY`.
 """
 
 from __future__ import annotations
@@ -41,7 +47,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mgrit_gru import trace  # noqa: E402
+from mgrit_gru import (  # noqa: E402
+    calibrate,
+    cost,
+    trace,  # noqa: E402
+)
 from mgrit_gru.cost import cpu_name  # noqa: E402
 from mgrit_gru.projection import record  # noqa: E402
 from mgrit_gru.projection.replay import measured_split  # noqa: E402
@@ -139,6 +149,49 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
     return rows
 
 
+def sweeps(args) -> list[dict]:
+    """Per kind and row count: a compiled sweep's wall time per step at each thread count,
+    the model's (:func:`mgrit_gru.cost.step_us` at that count) beside it."""
+    rows = []
+    before = torch.get_num_threads()
+    try:
+        for kind in ("sweep", "sweep_adjoint"):
+            with torch.no_grad():
+                runs = {r: calibrate._sweep(kind, r, args.hidden, 64) for r in args.rows}
+            best: dict = {}
+            for fn, _ in runs.values():
+                fn()
+            for _ in range(args.repeats):
+                for threads in args.threads:
+                    torch.set_num_threads(threads)
+                    for r, (fn, per) in runs.items():
+                        with torch.no_grad():
+                            start = time.perf_counter()
+                            fn()
+                            took = (time.perf_counter() - start) / per * 1e6
+                        best[(r, threads)] = min(best.get((r, threads), took), took)
+            for r in args.rows:
+                one = best[(r, min(args.threads))]
+                for threads in args.threads:
+                    per = runs[r][1]
+                    model = cost.step_us(kind, r, args.hidden, threads=threads, steps=per)
+                    at_one = min(args.threads)
+                    model_one = cost.step_us(kind, r, args.hidden, threads=at_one, steps=per)
+                    rows.append(
+                        {
+                            "kind": kind,
+                            "rows": r,
+                            "threads": threads,
+                            "us": round(best[(r, threads)], 2),
+                            "speedup": round(one / best[(r, threads)], 3),
+                            "model_speedup": round(model_one / model, 3),
+                        }
+                    )
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
 def _fmt(r: dict) -> str:
     vs = "" if r["vs_serial"] is None else f"{r['vs_serial']:.2f}x"
     w = "" if r["W"] is None else f"{r['W']:.2f}"
@@ -174,8 +227,28 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--sweeps", action="store_true", help="time compiled sweeps, not steps")
+    p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 64, 256, 1024, 4096])
     args = p.parse_args()
     warnings.simplefilter("ignore")
+    if args.sweeps:
+        if args.dry_run:
+            args.rows, args.repeats, args.threads = [4, 64], 1, [1, 2]
+        print(
+            f"# {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; float32; "
+            f"H {args.hidden}; 64 steps; least of {args.repeats} interleaved rounds"
+        )
+        print("| kind | rows | threads | us/step | speed-up | model's speed-up |")
+        print("|---|---|---|---|---|---|")
+        out = sweeps(args)
+        for r in out:
+            print(
+                f"| {r['kind']} | {r['rows']} | {r['threads']} | {r['us']:.1f} "
+                f"| {r['speedup']:.2f}x | {r['model_speedup']:.2f}x |"
+            )
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
     if args.dry_run:
         args.threads, args.batch, args.T, args.repeats = [1, 2], [2], [512], 1
         args.weights = ["random"]

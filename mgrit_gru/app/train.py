@@ -366,7 +366,8 @@ FREE_ON_RESUME = ("epochs", *NOT_TRAINING)
 def resume_config(run: Path, overrides: dict) -> TrainConfig:
     """The stored config of ``run``. --epochs may change (to train longer), and so may the
     options that do not change what is computed (--threads, --timeout, the spelling of
-    --device); any other option must match the run's."""
+    --device; the cost model keeps pricing at the run's first thread count, recorded in its
+    calibration.json); any other option must match the run's."""
     cfg = read_config(run)
     clash = {
         k: v
