@@ -4,7 +4,10 @@
 source "$(dirname "$0")/scripts/env.sh"
 ruff check mgrit_gru tests benchmarks
 ruff format --check mgrit_gru tests benchmarks
-python -m pytest "$@"
 if [ $# -eq 0 ]; then
-    MGRIT_GRU_KERNELS=pytorch python -m pytest tests/test_equivalence.py tests/test_lstm_module.py
+    # the whole suite in two worker processes of one thread each (tests/conftest.py)
+    python -m pytest -n 2
+    MGRIT_GRU_KERNELS=pytorch python -m pytest -n 2 tests/test_equivalence.py tests/test_lstm_module.py
+else
+    python -m pytest "$@"
 fi

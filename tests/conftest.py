@@ -21,6 +21,12 @@ os.environ["MGRIT_GRU_CALIBRATION"] = "builtin"
 # ... priced at one thread, whatever this machine's core count (tests that mean the thread
 # count's effect set it themselves).
 os.environ["MGRIT_GRU_COST_THREADS"] = "1"
+# test.sh runs the suite in two worker processes (pytest-xdist) on a machine's cores: each
+# worker and what it starts runs one thread (two workers of two threads on two cores would
+# wait at every parallel region for a thread the other holds); tests about threads set them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

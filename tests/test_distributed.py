@@ -243,7 +243,7 @@ def _pooled_heads_and_auto_cfactor(tg) -> None:
             assert (dx - xs.grad).abs().max() < 1e-10, (pool, lengths)
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_time_parallel_equals_single_process(ranks):
     mp.spawn(_worker, args=(ranks, _free_port()), nprocs=ranks, join=True)
 

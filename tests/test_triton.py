@@ -152,11 +152,11 @@ def _ran(module) -> set:
     return {s.kernels for s in module.last_stats.forward + module.last_stats.backward}
 
 
-@pytest.mark.parametrize("model", ["gru", "lstm"])
-@pytest.mark.parametrize("T", [64, 61])
+@pytest.mark.parametrize("model, T", [("gru", 64), ("lstm", 61)])
 def test_mgrit_layers_equal_torch_both_directions(model, T):
     """MGRIT with m = 4 on 16 rows per level-0 sweep (T = 64, B = 1: 16 chunks), and an odd T
-    (padded chunks), both directions: y, h_n and every gradient against torch.nn in float64."""
+    (padded chunks), both directions: y, h_n and every gradient against torch.nn in float64
+    (one T per cell: the interpreter takes seconds a sweep)."""
     ref, cls = _pair(model, 16, bidirectional=True)
     ours = cls.from_torch(ref, solver=tight(cfactor=4, levels=2), kernels="triton")
     x = torch.randn(T, 1, 3)
@@ -166,11 +166,13 @@ def test_mgrit_layers_equal_torch_both_directions(model, T):
     assert ours.last_stats.forward_iterations > 0
 
 
-@pytest.mark.parametrize("model", ["gru", "lstm"])
+@pytest.mark.parametrize(
+    "model, product", [("gru", "held"), ("lstm", "blocked")], indirect=["product"]
+)
 def test_lengths_and_the_library_serial_loop(model, monkeypatch, product):
     """Lengths (identity steps past each end) on the library's own serial loop and serial
     adjoint (what runs where cuDNN refuses a shape: forced here), and through MGRIT; the
-    blocked product at H = 20."""
+    held product for the GRU, the blocked one (at H = 20) for the LSTM."""
     monkeypatch.setattr(gpu.TritonKernels, "serial_by_torch", False)
     ref, cls = _pair(model, 20)
     x = torch.randn(23, 3, 3)

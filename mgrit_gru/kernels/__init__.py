@@ -71,8 +71,12 @@ HEADERS = (_ROOT / "kernels" / "common.h",)
 # thread whatever torch.get_num_threads() said. Linked with -fopenmp, the module needs
 # libgomp.so.1, which the loader finds already loaded with torch (one OpenMP runtime and
 # thread pool in the process, the one torch.set_num_threads sets).
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-std=c++17")
-LDFLAGS = ("-fopenmp",)
+# (Elsewhere, where the compiler may lack OpenMP, e.g. Apple's clang, the sweeps stay on one
+# thread as before.)
+_OPENMP = sys.platform.startswith("linux")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp" if _OPENMP else "-fopenmp-simd")
+FLAGS += ("-std=c++17",)
+LDFLAGS = ("-fopenmp",) if _OPENMP else ()
 DTYPES = (torch.float32, torch.float64)
 
 _lock = threading.Lock()
