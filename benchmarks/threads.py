@@ -47,11 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mgrit_gru import (  # noqa: E402
-    calibrate,
-    cost,
-    trace,  # noqa: E402
-)
+from mgrit_gru import calibrate, cost, trace  # noqa: E402
 from mgrit_gru.cost import cpu_name  # noqa: E402
 from mgrit_gru.projection import record  # noqa: E402
 from mgrit_gru.projection.replay import measured_split  # noqa: E402
@@ -170,13 +166,13 @@ def sweeps(args) -> list[dict]:
                             fn()
                             took = (time.perf_counter() - start) / per * 1e6
                         best[(r, threads)] = min(best.get((r, threads), took), took)
+            least = min(args.threads)
             for r in args.rows:
-                one = best[(r, min(args.threads))]
+                per = runs[r][1]
+                one = best[(r, least)]
+                model_one = cost.step_us(kind, r, args.hidden, threads=least, steps=per)
                 for threads in args.threads:
-                    per = runs[r][1]
                     model = cost.step_us(kind, r, args.hidden, threads=threads, steps=per)
-                    at_one = min(args.threads)
-                    model_one = cost.step_us(kind, r, args.hidden, threads=at_one, steps=per)
                     rows.append(
                         {
                             "kind": kind,

@@ -393,8 +393,8 @@ def thread_share(kind: str, rows: int, steps: int, hidden: int, threads: int) ->
     used = min(threads, blocks)
     if used <= 1:
         return 1.0
-    slowest = -(-blocks // used) * per  # rows the busiest thread runs
-    return max(1.0, min(rows, slowest * used) / slowest * THREAD_EFFICIENCY)
+    slowest = -(-blocks // used) * per  # rows the busiest thread runs (at least rows / used)
+    return max(1.0, rows / slowest * THREAD_EFFICIENCY)
 
 
 def step_us(
