@@ -77,6 +77,13 @@ import torch
 
 from . import trace
 
+# MGRIT's adjoint passes over all T x B rows that a compiled serial adjoint does inside its
+# loop (a cell's compiled coefficients and gate gradients, layer.solve.compiled_passes), in
+# compiled adjoint steps over those rows: both memory-bound passes, about half such a step
+# (measured 2026-12-06, AMD EPYC, T = 16384, B = 4, H = 64, one thread: 23.5 + 24.2 ms against
+# 99 ms for the step as calibrated that day)
+COMPILED_PASSES = 0.5
+
 # device kind -> step kind -> (o in us, c in us per row at H = 64); measured on the AMD EPYC
 BUILTIN = {
     "cpu": {
@@ -145,7 +152,7 @@ ENV, CACHE_ENV = "MGRIT_GRU_CALIBRATION", "MGRIT_GRU_CACHE"
 # library runs them only without the compiled kernels. THREADS_ENV pins the count the model
 # prices at (the test suite pins 1: the same choices on any core count); unset, it is
 # torch.get_num_threads() when the solve starts; a time group's ranks price at one thread.
-SWEEP_BLOCKS, BLOCK_ROWS, PARALLEL_WORK = 16, 256, 1 << 16
+SWEEP_BLOCKS, BLOCK_ROWS, PARALLEL_WORK = 16, 256, 1 << 12
 THREAD_EFFICIENCY = 0.8
 THREADS_ENV = "MGRIT_GRU_COST_THREADS"
 

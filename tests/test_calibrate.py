@@ -265,7 +265,7 @@ def test_threads_speed_up_only_sweeps_with_many_blocks():
     # 13 blocks on 4 threads: the busiest thread runs 4 of them
     assert cost.thread_share("sweep", 100, 1000, 64, 4) == pytest.approx(100 / 32 * eff)
     # below the work that opens a parallel region, and torch's own steps: one thread
-    assert cost.thread_share("sweep", 64, 2, 64, 2) == 1.0
+    assert cost.thread_share("sweep", 16, 2, 64, 2) == 1.0  # 2048 < 4096
     assert cost.thread_share("step", 4096, 3, 64, 2) == 1.0
     one = cost.step_us("sweep", 4096, 64, steps=3)
     assert cost.step_us("sweep", 4096, 64, threads=2, steps=3) < one

@@ -274,14 +274,20 @@ def test_kept_gates_equal_recomputed_gates(monkeypatch, solver, cell, varlen, bi
     False (recomputes them) give the same outputs and gradients. The gates are kept where the
     fine steps are wide (MGRIT's chunks, or a batch of 64 in the serial sweep), not for a serial
     sweep over 3 sequences, nor where the serial forward runs torch's fused loop. The compiled
-    sweeps keep them always (a copy inside their own loop), and the compiled serial adjoint
-    linearises from them in its own loop."""
+    sweeps keep them always (a copy inside their own loop), MGRIT's adjoint linearises from
+    them in one compiled pass, and the compiled serial adjoint in its own loop."""
     from mgrit_gru.gru import cell as gru
     from mgrit_gru.layer.solve import FUSED_MAX
 
     calls = []
     kept_fn = gru.linearise_kept
     monkeypatch.setattr(gru, "linearise_kept", lambda *a: calls.append(1) or kept_fn(*a))
+    compiled_fn = gru.GRUCell.kernel_coefficients  # the compiled pass over the kept gates
+    monkeypatch.setattr(
+        gru.GRUCell,
+        "kernel_coefficients",
+        lambda *a: calls.append(1) or compiled_fn(*a),
+    )
     T = 150
     x = torch.randn(T, B, 3)
     lengths = torch.randint(1, T + 1, (B,)) if varlen else None

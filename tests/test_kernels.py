@@ -343,3 +343,45 @@ def test_the_sweeps_open_parallel_regions_in_torchs_openmp_runtime():
         with open("/proc/self/maps") as maps:
             runtimes = {line.split()[-1] for line in maps if "libgomp" in line.split("/")[-1]}
         assert len(runtimes) <= 1, runtimes
+
+
+@pytest.mark.parametrize("implicit", [False, True])
+def test_whole_sequence_passes_equal_the_cells_pytorch_code(implicit):
+    """The compiled passes around MGRIT's adjoint sweeps (the GRU's coefficients from its kept
+    gates, written in reversed time, and the gate gradients from the reversed adjoint) equal
+    the cell's PyTorch functions they replace, float64, with step sizes of 0 (lengths) and 1,
+    states read from a strided view; bit for bit at 1 and 2 threads."""
+    module = kernels.load()
+    torch.manual_seed(4)
+    T, B, H = 300, 16, 16  # work enough (rows x H) to open a parallel region
+    dt64 = dict(dtype=torch.float64)
+    wide = torch.randn(T + 1, B, 2 * H, **dt64)
+    points = wide[..., :H]  # last axis contiguous, rows strided
+    kept = torch.cat(
+        [torch.rand(T, B, 2 * H, **dt64), torch.rand(T, B, H, **dt64) * 2 - 1],
+        -1,
+    )
+    kept = torch.cat([kept, torch.randn(T, B, H, **dt64)], -1)  # [r, z, n, gh_n]
+    dt = (torch.rand(T, B, **dt64) > 0.2).to(torch.float64)
+    cell = "implicit" if implicit else "classic"
+    ref = gru_cell.linearise_kept(points[:T], kept, cell, dt.unsqueeze(-1))
+    lam_rev = torch.randn(T + 1, B, H, **dt64)
+    d_gx_ref, d_gh_ref = gru_cell.gate_grads(lam_rev[:T].flip(0), ref.C, ref.A_n)
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            D, C = torch.empty(T, B, H, **dt64), torch.empty(T, B, 3 * H, **dt64)
+            A_n = torch.empty(T, B, H, **dt64)
+            module.gru_coefficients(points[:T], kept, dt, implicit, D, C, A_n)
+            d_gx, d_gh = torch.empty(T, B, 3 * H, **dt64), torch.empty(T, B, 3 * H, **dt64)
+            module.gru_gate_grads(lam_rev, C, A_n, d_gx, d_gh)
+            runs.append((D, C, A_n, d_gx, d_gh))
+    finally:
+        torch.set_num_threads(before)
+    expected = (ref.D.flip(0), ref.C.flip(0), ref.A_n, d_gx_ref, d_gh_ref)
+    for got, want, other in zip(runs[0], expected, runs[1]):
+        assert (got - want).abs().max() <= 1e-13
+        assert torch.equal(got, other)
+    with pytest.raises(RuntimeError, match="gru_coefficients"):
+        module.gru_coefficients(points[:T], kept, dt, implicit, D[:-1], C, A_n)

@@ -323,6 +323,15 @@ class GRUCell:
         run(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
         return d_gx, d_gh, lam0
 
+    def compiled_passes(self, kernel) -> bool:
+        return hasattr(kernel, "gru_coefficients")  # the C++ module's; not the Triton token
+
+    def kernel_coefficients(self, kernel, points, kept, dt, D, C, extra) -> None:
+        kernel.gru_coefficients(points, kept, dt, self.kind == "implicit", D, C, extra)
+
+    def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, d_gx, d_gh) -> None:
+        kernel.gru_gate_grads(lam_rev, C_rev, extra, d_gx, d_gh)
+
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
 

@@ -21,6 +21,10 @@ void gru_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const 
 void lstm_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
                          const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, const at::Tensor& w_hh,
                          at::Tensor d, at::Tensor lam0);
+void gru_coefficients(const at::Tensor& points, const at::Tensor& kept, const c10::optional<at::Tensor>& dt,
+                      bool implicit, at::Tensor D_rev, at::Tensor C_rev, const c10::optional<at::Tensor>& A_n);
+void gru_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, const at::Tensor& A_n, at::Tensor d_gx,
+                    at::Tensor d_gh);
 }  // namespace mgrit
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -30,6 +34,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_adjoint", &mgrit::lstm_adjoint);
   m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint);
   m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
+  m.def("gru_coefficients", &mgrit::gru_coefficients);
+  m.def("gru_gate_grads", &mgrit::gru_gate_grads);
   // whether at::parallel_for opens OpenMP regions here (the module built with -fopenmp): the
   // sweeps' blocks spread over torch's threads only then
 #ifdef INTRA_OP_PARALLEL

@@ -201,7 +201,26 @@ constexpr int64_t BLOCKS = 16;
 constexpr int64_t BLOCK_ROWS = 256;
 // Work (rows x steps x hidden) below which a sweep stays on one thread: a parallel region costs
 // some microseconds to open, a step of a few rows less than that.
-constexpr int64_t PARALLEL_WORK = 1 << 16;
+constexpr int64_t PARALLEL_WORK = 1 << 12;
+// A region ends when its last thread arrives. Where another process keeps one of the cores
+// busy, a thread the OS has descheduled arrives a time slice (milliseconds) late, after the
+// others did every block: a short sweep then takes longer on two threads than on one. So a
+// sweep below STEADY_WORK (about a millisecond or more on one core) runs on one thread while
+// the regions find a thread late (one that did no block of its region), probing every
+// PROBE_EVERY-th such sweep; LATE_MEMORY regions in a row with every thread on time open them
+// again. Larger sweeps always open their region (their blocks absorb the delay).
+constexpr int64_t STEADY_WORK = 1 << 18;
+constexpr int PROBE_EVERY = 8;
+constexpr int LATE_MEMORY = 3;
+
+struct Lateness {
+  std::atomic<int> late{0};    // > 0: a recent region found a thread late
+  std::atomic<int64_t> small{0};  // short sweeps seen while late (for the probes)
+};
+inline Lateness& lateness() {
+  static Lateness state;
+  return state;
+}
 
 // block(r0, r1) over the R rows of a sweep whose `work` is rows x steps x hidden. Rows of a
 // sweep need nothing of each other (every chunk and sequence advances on its own), so with
@@ -214,21 +233,37 @@ inline void over_blocks(int64_t R, int64_t work, F&& block) {
   int64_t per = std::min<int64_t>(BLOCK_ROWS, (R + BLOCKS - 1) / BLOCKS);
   per = std::max<int64_t>(4, (per + 3) / 4 * 4);
   const int64_t blocks = (R + per - 1) / per;
-  const int64_t threads = work >= PARALLEL_WORK ? std::min<int64_t>(at::get_num_threads(), blocks) : 1;
+  int64_t threads = work >= PARALLEL_WORK ? std::min<int64_t>(at::get_num_threads(), blocks) : 1;
+  Lateness& state = lateness();
+  const bool short_sweep = work < STEADY_WORK;
+  if (threads > 1 && short_sweep && state.late.load(std::memory_order_relaxed) > 0 &&
+      state.small.fetch_add(1, std::memory_order_relaxed) % PROBE_EVERY != 0)
+    threads = 1;
   if (threads <= 1 || at::in_parallel_region()) {
     for (int64_t b = 0; b < blocks; ++b) block(b * per, std::min(R, (b + 1) * per));
     return;
   }
   std::atomic<int64_t> next{0};
+  std::atomic<int> idle{0};
   // OpenMP's threads start from default thread-local state (grad mode on, ...): they take the
   // caller's, and record no graph (the blocks' ATen GEMMs write into buffers that views of
   // weights needing grad feed)
   const at::ThreadLocalState caller;
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    at::ThreadLocalStateGuard state(caller);
+    at::ThreadLocalStateGuard tls(caller);
     c10::AutoGradMode no_grad(false);
-    for (int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1)) block(b * per, std::min(R, (b + 1) * per));
+    int64_t mine = 0;
+    for (int64_t b = next.fetch_add(1); b < blocks; b = next.fetch_add(1), ++mine)
+      block(b * per, std::min(R, (b + 1) * per));
+    if (mine == 0) idle.fetch_add(1);
   });
+  if (!short_sweep) return;
+  if (idle.load() > 0) {
+    state.late.store(LATE_MEMORY, std::memory_order_relaxed);
+  } else {
+    int late = state.late.load(std::memory_order_relaxed);
+    if (late > 0) state.late.compare_exchange_strong(late, late - 1, std::memory_order_relaxed);
+  }
 }
 
 // What a serial adjoint in one call carries from step to step: lam (B, W), the direct part of

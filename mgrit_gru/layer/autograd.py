@@ -11,7 +11,12 @@ from .. import trace, workspace
 from ..core.cycle import LocalComm
 from ..options import MGRIT
 from ..stats import RunStats, SolveStats
-from .solve import adjoint_solve, forward_solve
+from .solve import adjoint_solve, compiled_kernel, compiled_passes, forward_solve
+
+# rows (steps x batch) per call of a cell's compiled gate gradients (kernel_gate_grads): a
+# block's GEMMs are large enough to run at the GEMM's rate on every thread, its two gate
+# buffers (rows x gates x H each) stay bounded at long sequences
+GATE_BLOCK_ROWS = 1 << 16
 
 
 class LayerFunction(torch.autograd.Function):
@@ -115,24 +120,57 @@ def _gradients(adj, x, w_ih, w_hh, points, cell, comm, need_x: bool) -> tuple:
     d_w_ih, d_w_hh = torch.zeros_like(w_ih), torch.zeros_like(w_hh)
     d_b_ih = w_hh.new_zeros(w_hh.shape[0])
     d_b_hh = w_hh.new_zeros(w_hh.shape[0])
+    grads = (d_w_ih, d_w_hh, d_b_ih, d_b_hh)
     with trace.bulk("gradients", T * B, H, x):
-        for k0, k1, lam, C, extra in adj.blocks(T, B):
+        compiled = _compiled_gradients(adj, cell, x, w_ih, points, d_x, grads)
+        for k0, k1, lam, C, extra in () if compiled else adj.blocks(T, B):
             shape = (*C.shape[:-1], w_hh.shape[0])
             out = [workspace.buffer(f"bwd.block {name}", shape, C) for name in ("d_gx", "d_gh")]
             d_gx, d_gh = cell.gate_grads(lam, C, extra, out)
-            d_gx, d_gh = d_gx.reshape(-1, d_gx.shape[-1]), d_gh.reshape(-1, d_gh.shape[-1])
-            if d_x is not None:
-                torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
-            d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
-            d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
-            d_b_ih += d_gx.sum(0)
-            d_b_hh += d_gh.sum(0)
+            _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads)
     d_h0 = adj.lam_rev[T].clone()
     if not comm.first:  # parameters and h0 are shared by the time slices
         d_h0.zero_()
     for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
         comm.sum_(grad)
     return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
+
+
+def _compiled_gradients(adj, cell, x, w_ih, points, d_x, grads) -> bool:
+    """:func:`_gradients`' loop where the cell runs its gate gradients compiled for this
+    layer's kernel (:func:`~mgrit_gru.layer.solve.compiled_passes`): per block of
+    GATE_BLOCK_ROWS rows one parallel pass for the gate gradients, then the GEMMs over the
+    block's rows, into ``d_x`` and ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` (zeros:
+    accumulated). False where it does not (nothing written then)."""
+    kernel = compiled_kernel(cell, x)
+    if adj.extra is None or not compiled_passes(cell, kernel):
+        return False
+    T, B = x.shape[:2]
+    C_rev, lam_rev = adj.C_rev, adj.lam_rev
+    G = C_rev.shape[-1]
+    steps = max(1, GATE_BLOCK_ROWS // max(B, 1))
+    for k0 in range(0, T, steps):
+        k1 = min(T, k0 + steps)
+        d_gx = workspace.buffer("bwd.d_gx", (k1 - k0, B, G), C_rev)
+        d_gh = workspace.buffer("bwd.d_gh", (k1 - k0, B, G), C_rev)
+        C, extra = C_rev[T - k1 : T - k0], adj.extra[k0:k1].contiguous()
+        cell.kernel_gate_grads(kernel, lam_rev[T - k1 : T - k0], C, extra, d_gx, d_gh)
+        _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads)
+    return True
+
+
+def _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads) -> None:
+    """Steps ``k0 .. k1 - 1``' share of the gradients from their gate gradients ``(k1 - k0,
+    B, G)``: ``d_x`` written, ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` accumulated."""
+    I, G, H = x.shape[-1], d_gx.shape[-1], grads[1].shape[1]
+    d_gx, d_gh = d_gx.reshape(-1, G), d_gh.reshape(-1, G)
+    d_w_ih, d_w_hh, d_b_ih, d_b_hh = grads
+    if d_x is not None:
+        torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
+    d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
+    d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
+    d_b_ih += d_gx.sum(0)
+    d_b_hh += d_gh.sum(0)
 
 
 def _gate_gemms(d_gx, d_gh, d_h0, x, w_ih, points, H: int, need_x: bool) -> tuple:

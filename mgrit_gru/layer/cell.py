@@ -92,6 +92,16 @@ class Cell(Protocol):
         pre-activations' gradients of every step ``(T, B, gates * H)`` (of the input side, of
         ``W_hh h + b_hh``)."""
 
+    # optional, the whole-sequence passes around MGRIT's adjoint sweeps in one compiled call
+    # each, where compiled_passes(kernel) is True (absent or False: the PyTorch code per block):
+    # compiled_passes(kernel) -> bool
+    # kernel_coefficients(kernel, points, kept, dt, D, C, extra) -> None
+    #     linearise_kept of steps k = 0 .. T - 1 (points (T, B, .), kept gates, dt (T, B) or
+    #     None) written in reversed time: D[T - 1 - k], C[T - 1 - k]; extra[k] forward.
+    # kernel_gate_grads(kernel, lam_rev, C_rev, extra, d_gx, d_gh) -> None
+    #     gate_grads of steps k = 0 .. T - 1 from lam_{k+1} = lam_rev[T - 1 - k] and the
+    #     coefficients as kernel_coefficients wrote them, into d_gx, d_gh (T, B, gates * H).
+
     def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
 
     def linearise_kept(self, u, kept, dt=None, out_C=None) -> Linearisation: ...

@@ -372,6 +372,13 @@ def kernels_name(kernel, torch_kernel: bool) -> str:
     return "pytorch" if kernel is None else getattr(kernel, "name", "compiled")
 
 
+def compiled_passes(cell: Cell, kernel) -> bool:
+    """Whether the cell runs the whole-sequence passes around MGRIT's adjoint (coefficients,
+    gate gradients) as compiled calls for ``kernel`` (else PyTorch code per time block)."""
+    offered = getattr(cell, "compiled_passes", None)
+    return kernel is not None and offered is not None and offered(kernel)
+
+
 def _torch_serial(kernel) -> bool:
     """Whether a serial solve takes torch's own kernel where it fits the layer: without a
     compiled one, and beside the Triton sweeps (cuDNN's loop walks a serial sequence faster
@@ -760,11 +767,15 @@ def time_blocks(T: int, B: int, like: Tensor):
         yield k0, min(T, k0 + size)
 
 
-def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None, kept=None):
+def fine_coefficients(
+    points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None, kept=None, kernel=None
+):
     """Adjoint coefficients of every fine step, reversed in time and padded to ``M`` steps
     with identity steps, ``off`` of them in front: step ``k`` lands at reversed index
     ``off + T - 1 - k``. From the forward's ``kept`` gates ``(T, B, kept * H)`` when given
-    (no GEMM), else recomputed per block (two small GEMMs: input and recurrent gates).
+    (no GEMM): in one compiled pass over all steps where the cell offers one for ``kernel``
+    (``kernel_coefficients``), else per block in PyTorch; without kept gates recomputed per
+    block (two small GEMMs: input and recurrent gates).
 
     Returns ``D_rev`` ``(M, B, S)``, ``C_rev`` ``(M, B, coeffs * H)`` and the cell's extra
     ``(T, B, extra * H)`` (forward order, only needed for the gate gradients; None if the
@@ -779,6 +790,12 @@ def fine_coefficients(points, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask=None
         D_rev[pad] = 1.0
         C_rev[pad] = 0.0
     end = off + T
+    if kept is not None and compiled_passes(cell, kernel):
+        dt = None if mask is None else mask.reshape(T, -1).expand(T, B).to(points.dtype)
+        dt = None if dt is None else dt.contiguous()
+        D, C = D_rev[off:end], C_rev[off:end]
+        cell.kernel_coefficients(kernel, points[:T], kept.contiguous(), dt, D, C, A_n)
+        return D_rev, C_rev, A_n
     for k0, k1 in time_blocks(T, B, points):
         dt = None if mask is None else column(mask[k0:k1])
         C = workspace.buffer("bwd.block C", (k1 - k0, B, cell.coeffs * H), points)
@@ -910,7 +927,7 @@ def adjoint_solve(
                 full = cell.complete_points(points, x, w_ih, w_hh, b_ih, b_hh)
             with trace.bulk("coefficients", T * B, H, x):
                 state["coefficients"] = fine_coefficients(
-                    full, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept
+                    full, x, w_ih, b_ih, w_hh, b_hh, cell, M, off, mask, hier.kept, kernel
                 )
             hier.release_kept()
         return state["coefficients"]
@@ -991,10 +1008,12 @@ def adjoint_solve(
             # coefficients, c rebuilt and the gradients' GEMMs, each about a step over all
             # rows (not traced: a fused adjoint is off while a trace records)
             meter.charge("step", T * B, 2 + int(hier.partial))
-        elif len(grids) > 1 and whole:  # likewise for the compiled serial adjoint, which
-            # forms the coefficients and gate gradients inside its loop: MGRIT's passes over
-            # all rows for them (coefficients, reversals, forcing, gate gradients) cost about
-            # one PyTorch step over all rows here
+        elif len(grids) > 1 and whole and compiled_passes(cell, kernel):
+            # likewise for the compiled serial adjoint, which forms the coefficients and gate
+            # gradients inside its loop: MGRIT's compiled passes over all rows for them
+            meter.charge("sweep_adjoint", round(cost.COMPILED_PASSES * T * B), 1)
+        elif len(grids) > 1 and whole:  # the same passes in PyTorch code (coefficients,
+            # reversals, forcing, gate gradients) cost about one PyTorch step over all rows
             meter.charge("step", T * B, 1)
         fine = grids[0]  # M steps, or T for the serial grid: then the padding is skipped
         lo = off - fine.off
