@@ -214,3 +214,42 @@ def test_scaling_benchmark_dry_run():
     rows = [line.split() for line in run.stdout.splitlines() if line.strip().startswith("256 ")]
     assert {(r[1], r[2]) for r in rows} >= {("budget", "1"), ("budget", "2"), ("mgrit", "2")}
     assert "TRACE DIFFERS" not in run.stdout and "comm" in run.stdout
+
+
+def test_threads_share_the_sweeps_rows_and_the_passes():
+    """One process on several threads: a compiled sweep over many rows costs its rows shared
+    in the kernels' blocks (cost.thread_share), a serial sweep over B = 4 rows (one block) the
+    same as at one thread, a pass over the sequence its rows at 0.8 of a thread each, the
+    operators between steps one thread's."""
+    import dataclasses
+
+    from mgrit_gru import cost
+
+    two = dataclasses.replace(TOY, threads=2)
+    wide = Event(tr.WORK, "sweep", 1024, 63, 64, 0)
+    serial = Event(tr.WORK, "sweep", 4, 1000, 64, tr.SERIAL)
+    bulk = Event(tr.BULK, "gradients", 65536, 1, 64)
+    ops = Event(tr.MESSAGE, tr.SUM, 1, 1, 0, 3)
+    share = cost.thread_share("sweep", 1024, 63, 64, 2)
+    assert share == pytest.approx(2 * cost.THREAD_EFFICIENCY)
+    assert two.cost_us(wide)[1] == pytest.approx(63 * (10.0 + 1024 / share))
+    assert two.cost_us(serial) == TOY.cost_us(serial)
+    assert two.cost_us(bulk)[1] == pytest.approx(100.0 + 2.0 * 65536 / share)
+    assert two.cost_us(ops) == TOY.cost_us(ops)
+
+
+def test_cli_project_threads(capsys):
+    """--threads: one process per thread count, the serial rows at each, x serial against
+    the one-thread serial solve; ranks and a GPU are refused with it."""
+    argv = ["project", "--T", "512", "--batch", "4", "--threads", "1", "2", "16"]
+    assert main([*argv, "--solvers", "mgrit", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    serial = {r["threads"]: r for r in rows if r["solver"] == "serial"}
+    mgrit = {r["threads"]: r for r in rows if r["solver"] == "mgrit"}
+    assert set(serial) == set(mgrit) == {1, 2, 16}
+    assert serial[1]["x_serial"] == pytest.approx(1.0, rel=1e-3)
+    assert mgrit[16]["train_ms"] < mgrit[2]["train_ms"] < mgrit[1]["train_ms"]
+    assert {r["ranks"] for r in rows} == {1}
+    for bad, message in ((["--ranks", "2"], "without --ranks"), (["--device", "cuda"], "CPU")):
+        assert main([*argv, *bad]) == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]

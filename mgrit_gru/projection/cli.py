@@ -4,6 +4,7 @@ ranks or on a GPU, from the trace of a step recorded here (every figure labelled
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -65,6 +66,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "T/2 for cpu, 1 for cuda without --link)",
     )
     where.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        help="instead of ranks: one process on this many threads (cores) of a CPU like this "
+        "one, e.g. 1 2 8 16 64: the compiled sweeps' rows shared in the kernels' blocks, the "
+        "passes over the sequence at 0.8 of a thread each (an upper bound where memory "
+        "bandwidth saturates); x serial is then against the serial solve at one thread",
+    )
+    where.add_argument(
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
@@ -97,6 +107,17 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.T < 2:
         raise ValueError("--T must be at least 2")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if args.device != "cpu":
+            raise ValueError(
+                "--threads models one process on a CPU's cores: not with --device cuda"
+            )
+        if args.ranks is not None and args.ranks != [1]:
+            raise ValueError("--threads models one process: give it without --ranks")
+        if any(t < 1 for t in threads):
+            raise ValueError(f"--threads {threads}: each must be at least 1")
+        args.ranks = [1]
     if args.ranks is None:
         many = [P for P in (1, 2, 4, 8, 16, 32, 64) if P == 1 or P <= args.T // 2]
         args.ranks = [1] if args.device == "cuda" and args.link is None else many
@@ -155,7 +176,13 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
     serial_s = replay(expand(serial, 1), Machine(dev, links[0])).seconds
     torch_us = dev.torch_us(T, B, H) if args.layers == 1 else None
     torch_s = None if torch_us is None else 1e-6 * torch_us
-    rows = [_row(1, "serial", dev, None, 1e3 * serial_s, serial_s, torch_s)]
+    threads = getattr(args, "threads", None)
+    # one process on each thread count (--threads), else the device as measured (one thread)
+    devices = [dataclasses.replace(dev, threads=t) for t in sorted(set(threads or [1]))]
+    rows = []
+    for d in devices:
+        got = replay(expand(serial, 1), Machine(d, links[0])).seconds
+        rows.append(_row(1, "serial", d, None, 1e3 * got, serial_s, torch_s, threads))
     if torch_s is not None:
         rows.append(_row(1, "torch.nn.GRU", dev, None, 1e3 * torch_s, serial_s, torch_s))
     traces: dict = {}
@@ -166,22 +193,25 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
                 step = record.training_step(T, B, I, H, solver, m, **common)
                 traces[(solver, m)] = record.record_step(step, count, steps=T, cfactor=m)
             trace, stats = traces[(solver, m)]
-            for link in links if P > 1 else links[:1]:
-                got = replay(expand(trace, P), Machine(dev, link))
-                row = _row(
-                    P, solver, dev, link if P > 1 else None, 1e3 * got.seconds, serial_s, torch_s
-                )
-                row.update(
-                    cfactor=m,
-                    cycles=f"{stats.forward_iterations}/{stats.backward_iterations}",
-                    split={k: round(1e3 * v, 3) for k, v in got.split.items() if v > 0},
-                )
-                rows.append(row)
+            for d in devices:
+                for link in links if P > 1 else links[:1]:
+                    got = replay(expand(trace, P), Machine(d, link))
+                    ms = 1e3 * got.seconds
+                    row = _row(
+                        P, solver, d, link if P > 1 else None, ms, serial_s, torch_s, threads
+                    )
+                    row.update(
+                        cfactor=m,
+                        cycles=f"{stats.forward_iterations}/{stats.backward_iterations}",
+                        split={k: round(1e3 * v, 3) for k, v in got.split.items() if v > 0},
+                    )
+                    rows.append(row)
     return rows, dev
 
 
-def _row(P, solver, dev, link, ms, serial_s, torch_s) -> dict:
-    return {
+def _row(P, solver, dev, link, ms, serial_s, torch_s, threads=None) -> dict:
+    row = {"threads": dev.threads} if threads else {}  # --threads: one process's cores
+    return row | {
         "ranks": P,
         "solver": solver,
         "device": dev.name,
@@ -213,8 +243,15 @@ def _print(rows: list[dict], args, dev) -> None:
         "the serial solver / torch.nn.GRU; critical path: the last rank's time in fine steps, "
         "coarse levels, bulk passes over its slice, other operators, wait and comm(unication)"
     )
+    if getattr(args, "threads", None):
+        print(
+            "one process on each thread count (threads: cores of a CPU like this one); x serial "
+            "against the serial solve at one thread; the passes over the sequence at 0.8 of a "
+            "thread each, an upper bound where memory bandwidth saturates"
+        )
+    by = "threads" if getattr(args, "threads", None) else "ranks"
     print(
-        f"{'ranks':>5} {'solver':<13} {'link':<26} {'m':>4} {'cycles':>6} {'ms':>10} "
+        f"{by:>7} {'solver':<13} {'link':<26} {'m':>4} {'cycles':>6} {'ms':>10} "
         f"{'x serial':>8} {'x torch':>7}  critical path"
     )
     for r in rows:
@@ -224,8 +261,9 @@ def _print(rows: list[dict], args, dev) -> None:
             f"{k} {100 * v / total:.0f}%" for k, v in split.items() if v > 0.005 * total
         )
         x_torch = "-" if r["x_torch"] is None else f"{r['x_torch']:.2f}"
+        link, m = r["link"] or "-", r.get("cfactor", "-")
         print(
-            f"{r['ranks']:>5} {r['solver']:<13} {r['link'] or '-':<26} {r.get('cfactor', '-'):>4} "
+            f"{r.get(by, 1):>7} {r['solver']:<13} {link:<26} {m:>4} "
             f"{r.get('cycles', '-'):>6} {r['train_ms']:>10.2f} {r['x_serial']:>8.2f} "
             f"{x_torch:>7}  {path}"
         )

@@ -138,6 +138,17 @@ class Device:
     windows: dict = field(default_factory=dict)
     drift: float = 1.0
     source: str = ""
+    # one process on this many threads (cores): the compiled sweeps' rows priced in the
+    # kernels' blocks (cost.thread_share), the passes over the slice at THREAD_EFFICIENCY a
+    # thread (see bulk_share); operators and the host's windows on one thread
+    threads: int = 1
+
+    def bulk_share(self) -> float:
+        """The speed-up of the passes over the slice at :attr:`threads`: each thread at
+        :data:`mgrit_gru.cost.THREAD_EFFICIENCY` of one (their GEMMs and compiled passes, as
+        measured at two threads on the AMD EPYC). An upper bound where the passes' memory
+        traffic saturates the machine's bandwidth, which two cores do not show."""
+        return 1.0 if self.threads <= 1 else self.threads * cost.THREAD_EFFICIENCY
 
     def cost_us(self, e: Event) -> tuple[str, float]:
         """The event's category (replay's split) and modelled microseconds."""
@@ -163,12 +174,15 @@ class Device:
             # the host's work around an MGRIT sweep's steps (exit checks, views); a serial
             # sweep runs the calibrated loop alone
             xo, xc = (0.0, 0.0) if e.level == tr.SERIAL else self.windows.get(kind, (0.0, 0.0))
-            return cat, e.calls * (o + xo + (c + xc) * e.rows * scale)
+            # an event holds a sweep's calls: its step count is at most that
+            share = cost.thread_share(kind, e.rows, e.calls, e.hidden or 64, self.threads)
+            return cat, e.calls * (o + xo + (c / share + xc) * e.rows * scale)
         if e.what == tr.BULK:
             if e.kind in self.bulk:
                 o, c = self.bulk[e.kind]
-                return "bulk", o + c * e.rows * scale
-            return "bulk", self._ops(e.ops, e.views) + self._stream(e.rows * scale)
+                return "bulk", o + c * e.rows * scale / self.bulk_share()
+            rows = e.rows * scale / self.bulk_share()
+            return "bulk", self._ops(e.ops, e.views) + self._stream(rows)
         window = self.windows.get(f"{e.what} {e.kind}")
         return "other", self._ops(e.ops, e.views) if window is None else window
 
