@@ -56,8 +56,8 @@ def test_project_prints_the_current_band_and_whether_this_cpu_is_validated(
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "validation" in ln)
     docs = (DOCS / "projection.md").read_text()
     for band in re.findall(r"\d\.\d\d-\d\.\d\d", projection_cli.VALIDATION["cpu"]):
-        assert band in docs  # the band the docs hold now (0.55-0.73 at two ranks)
-    assert "0.74-1.33" not in line and "0.55-0.73" in line and "AMD EPYC" in line
+        assert band in docs  # the band the docs hold now (0.89-0.94 at two ranks)
+    assert "0.74-1.33" not in line and "0.89-0.94" in line and "AMD EPYC" in line
     assert ("not validated" in line) == (cpu != "AMD EPYC")
 
 
