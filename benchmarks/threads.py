@@ -3,7 +3,7 @@ solve at the same thread count, with where the time went.
 
     python benchmarks/threads.py [--threads 1 2] [--batch 1 4 16 32] [--T 4096 16384 65536]
         [--solvers serial auto mgrit budget] [--weights random trained] [--checkpoint RUN]
-        [--busy none loop] [--repeats 3] [--json FILE] [--dry-run]
+        [--busy none loop] [--repeats 3] [--json FILE] [--dry-run] [--cell gru|lstm]
     python benchmarks/threads.py --sweeps [--threads 1 2] [--rows 4 8 16 64 256 1024 4096]
 
 Per (weights, T, B), every solver's training step (forward and backward of a per-step loss
@@ -78,7 +78,9 @@ def steps_for(weights: str, T: int, B: int, solvers, args) -> dict:
     if weights == "trained":
         w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, T, B)
     return {
-        s: record.training_step(T, B, inp, hidden, s, None, 1, w, inputs, seed=args.seed)
+        s: record.training_step(
+            T, B, inp, hidden, s, None, 1, w, inputs, seed=args.seed, cell=args.cell
+        )
         for s in solvers
     }
 
@@ -214,11 +216,14 @@ def main() -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 32])
     p.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=SOLVERS)
-    p.add_argument("--weights", nargs="+", default=["random", "trained"])
+    p.add_argument("--weights", nargs="+", help="random, trained (default both; lstm: random)")
     p.add_argument("--checkpoint", default=str(CHECKPOINT))
     p.add_argument("--busy", nargs="+", default=["none"], choices=["none", "loop"])
     p.add_argument("--input", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument(
+        "--cell", choices=["gru", "lstm"], default="gru", help="the layer (lstm: random weights)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the rows here")
@@ -226,6 +231,10 @@ def main() -> int:
     p.add_argument("--sweeps", action="store_true", help="time compiled sweeps, not steps")
     p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 64, 256, 1024, 4096])
     args = p.parse_args()
+    if args.cell == "lstm" and args.weights and "trained" in args.weights:
+        p.error("--cell lstm runs on random weights (the checkpoints are GRUs): --weights random")
+    if not args.weights:
+        args.weights = ["random", "trained"] if args.cell == "gru" else ["random"]
     warnings.simplefilter("ignore")
     if args.sweeps:
         if args.dry_run:
@@ -254,8 +263,8 @@ def main() -> int:
     if len(weights) < len(args.weights):
         print(f"no checkpoint at {args.checkpoint}: trained rows left out")
     print(
-        f"# {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; float32; "
-        f"threads {args.threads}; least of {args.repeats} interleaved rounds"
+        f"# {args.cell.upper()}; {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; "
+        f"float32; threads {args.threads}; least of {args.repeats} interleaved rounds"
     )
     print(HEADER)
     rows = []

@@ -385,3 +385,35 @@ def test_whole_sequence_passes_equal_the_cells_pytorch_code(implicit):
         assert torch.equal(got, other)
     with pytest.raises(RuntimeError, match="gru_coefficients"):
         module.gru_coefficients(points[:T], kept, dt, implicit, D[:-1], C, A_n)
+
+
+def test_lstm_whole_sequence_passes_equal_the_cells_pytorch_code():
+    """The LSTM's compiled passes (coefficients [0, f] / [A, C_i, C_f, C_g, C_o] in reversed
+    time, the gate gradients d from the reversed adjoint) against its PyTorch functions, float64,
+    identity steps (dt 0) included, states read from a strided view; bit for bit at 1 and 2
+    threads."""
+    module = kernels.load()
+    torch.manual_seed(5)
+    T, B, H = 300, 16, 16
+    dt64 = dict(dtype=torch.float64)
+    points = torch.randn(T + 1, B, 3 * H, **dt64)[..., : 2 * H]  # [h, c], rows strided
+    kept = torch.cat([torch.rand(T, B, 2 * H, **dt64), torch.rand(T, B, H, **dt64) * 2 - 1], -1)
+    kept = torch.cat([kept, torch.rand(T, B, H, **dt64)], -1)  # [i, f, g, o]
+    dt = (torch.rand(T, B, **dt64) > 0.2).to(torch.float64)
+    ref = lstm_cell.linearise_kept(points[:T], kept, dt.unsqueeze(-1))
+    lam_rev = torch.randn(T + 1, B, 2 * H, **dt64)
+    d_ref = lstm_cell.gate_grads(lam_rev[:T].flip(0), ref.C)
+    before, runs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            D, C = torch.empty(T, B, 2 * H, **dt64), torch.empty(T, B, 5 * H, **dt64)
+            module.lstm_coefficients(points[:T], kept, dt, D, C)
+            d = torch.empty(T, B, 4 * H, **dt64)
+            module.lstm_gate_grads(lam_rev, C, d)
+            runs.append((D, C, d))
+    finally:
+        torch.set_num_threads(before)
+    for got, want, other in zip(runs[0], (ref.D.flip(0), ref.C.flip(0), d_ref), runs[1]):
+        assert (got - want).abs().max() <= 1e-13
+        assert torch.equal(got, other)

@@ -253,3 +253,35 @@ def test_cli_project_threads(capsys):
     for bad, message in ((["--ranks", "2"], "without --ranks"), (["--device", "cuda"], "CPU")):
         assert main([*argv, *bad]) == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_threads_benchmark_dry_run(cell, tmp_path):
+    """benchmarks/threads.py end to end on a tiny shape (T = 512, B = 2, threads 1 and 2, one
+    round): a row per solver and thread count with its ratios, MGRIT's timed split, for
+    either cell; the LSTM refuses the GRU checkpoints."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rows.json"
+    argv = [sys.executable, "benchmarks/threads.py", "--dry-run", "--cell", cell]
+    run = subprocess.run(
+        [*argv, "--solvers", "serial", "mgrit", "--json", str(out)],
+        capture_output=True, text=True, cwd=root, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    assert run.stdout.startswith(f"# {cell.upper()};")
+    rows = json.loads(out.read_text())
+    assert {(r["solver"], r["threads"]) for r in rows} == {
+        (s, t) for s in ("serial", "mgrit") for t in (1, 2)
+    }
+    for r in rows:
+        assert r["ms"] > 0 and r["W"] > 0 and r["vs_serial"] > 0
+        assert (r["split_ms"] is not None) == (r["solver"] == "mgrit")
+    if cell == "lstm":
+        bad = subprocess.run(
+            [*argv, "--weights", "trained"], capture_output=True, text=True, cwd=root, timeout=120
+        )
+        assert bad.returncode == 2 and "random weights" in bad.stderr

@@ -329,8 +329,10 @@ class GRUCell:
     def kernel_coefficients(self, kernel, points, kept, dt, D, C, extra) -> None:
         kernel.gru_coefficients(points, kept, dt, self.kind == "implicit", D, C, extra)
 
-    def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, d_gx, d_gh) -> None:
+    def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, buffer) -> tuple:
+        d_gx, d_gh = buffer("bwd.d_gx"), buffer("bwd.d_gh")
         kernel.gru_gate_grads(lam_rev, C_rev, extra, d_gx, d_gh)
+        return d_gx, d_gh
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)

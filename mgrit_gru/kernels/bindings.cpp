@@ -25,6 +25,9 @@ void gru_coefficients(const at::Tensor& points, const at::Tensor& kept, const c1
                       bool implicit, at::Tensor D_rev, at::Tensor C_rev, const c10::optional<at::Tensor>& A_n);
 void gru_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, const at::Tensor& A_n, at::Tensor d_gx,
                     at::Tensor d_gh);
+void lstm_coefficients(const at::Tensor& points, const at::Tensor& kept, const c10::optional<at::Tensor>& dt,
+                       at::Tensor D_rev, at::Tensor C_rev);
+void lstm_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, at::Tensor d);
 }  // namespace mgrit
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -36,6 +39,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
   m.def("gru_coefficients", &mgrit::gru_coefficients);
   m.def("gru_gate_grads", &mgrit::gru_gate_grads);
+  m.def("lstm_coefficients", &mgrit::lstm_coefficients);
+  m.def("lstm_gate_grads", &mgrit::lstm_gate_grads);
   // whether at::parallel_for opens OpenMP regions here (the module built with -fopenmp): the
   // sweeps' blocks spread over torch's threads only then
 #ifdef INTRA_OP_PARALLEL

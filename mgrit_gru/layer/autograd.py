@@ -143,18 +143,21 @@ def _compiled_gradients(adj, cell, x, w_ih, points, d_x, grads) -> bool:
     block's rows, into ``d_x`` and ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` (zeros:
     accumulated). False where it does not (nothing written then)."""
     kernel = compiled_kernel(cell, x)
-    if adj.extra is None or not compiled_passes(cell, kernel):
+    if not compiled_passes(cell, kernel):
         return False
     T, B = x.shape[:2]
     C_rev, lam_rev = adj.C_rev, adj.lam_rev
-    G = C_rev.shape[-1]
+    G = w_ih.shape[0]
     steps = max(1, GATE_BLOCK_ROWS // max(B, 1))
     for k0 in range(0, T, steps):
         k1 = min(T, k0 + steps)
-        d_gx = workspace.buffer("bwd.d_gx", (k1 - k0, B, G), C_rev)
-        d_gh = workspace.buffer("bwd.d_gh", (k1 - k0, B, G), C_rev)
-        C, extra = C_rev[T - k1 : T - k0], adj.extra[k0:k1].contiguous()
-        cell.kernel_gate_grads(kernel, lam_rev[T - k1 : T - k0], C, extra, d_gx, d_gh)
+        C, lam = C_rev[T - k1 : T - k0], lam_rev[T - k1 : T - k0]
+        extra = None if adj.extra is None else adj.extra[k0:k1].contiguous()
+
+        def buffer(name: str, rows: int = k1 - k0) -> Tensor:
+            return workspace.buffer(name, (rows, B, G), C_rev)
+
+        d_gx, d_gh = cell.kernel_gate_grads(kernel, lam, C, extra, buffer)
         _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads)
     return True
 

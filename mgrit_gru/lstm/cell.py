@@ -409,6 +409,17 @@ class LSTMCell:
         run = _triton().adjoint if kernel.name == "triton" else kernel.lstm_adjoint
         run(x0, out, D, C, w_hh, g)
 
+    def compiled_passes(self, kernel) -> bool:
+        return hasattr(kernel, "lstm_coefficients")  # the C++ module's; not the Triton token
+
+    def kernel_coefficients(self, kernel, points, kept, dt, D, C, extra) -> None:
+        kernel.lstm_coefficients(points, kept, dt, D, C)
+
+    def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, buffer) -> tuple:
+        d = buffer("bwd.d_gx")
+        kernel.lstm_gate_grads(lam_rev, C_rev, d)
+        return d, d  # both biases and weights see the same pre-activations
+
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
         d = workspace.buffer("bwd.d_gx", (T, B, 4 * H), points)  # pooled, as the GRU's

@@ -236,4 +236,119 @@ void lstm_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor&
   });
 }
 
+
+// The whole-sequence passes around MGRIT's adjoint sweeps (as the GRU's, gru_cpu.cpp), one
+// parallel region each over blocks of time steps; cell.py's _coefficients and _gate_grads
+// stay the reference.
+
+// Coefficients of steps k = 0 .. T - 1 from the states points[k] = [h, c] (first 2H of each
+// row) and the kept gates [i, f, g, o] (T, B, 4H), dt (T, B) or absent (0: an identity step,
+// D = 1, C = 0), written in reversed time: D_rev[T - 1 - k] = [0, f] (B, 2H), C_rev[T - 1 - k]
+// = [A, C_i, C_f, C_g, C_o] (B, 5H).
+template <typename T>
+static void lstm_coefficients_impl(const Tensor& points, const Tensor& kept, const Tensor& dt, Tensor& D_rev,
+                                   Tensor& C_rev) {
+  const int64_t Tn = kept.size(0), B = kept.size(1), H = kept.size(2) / 4;
+  const View<T> vp(points.unsqueeze(1));
+  const T* K = kept.data_ptr<T>();
+  const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
+  T* Dp = D_rev.data_ptr<T>();
+  T* Cp = C_rev.data_ptr<T>();
+  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
+    std::vector<T> scratch(H);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t back = Tn - 1 - k;
+      for (int64_t b = 0; b < B; ++b) {
+        T* __restrict D = Dp + (back * B + b) * 2 * H;
+        T* __restrict C = Cp + (back * B + b) * 5 * H;
+        if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
+          for (int64_t j = 0; j < 2 * H; ++j) D[j] = T(1);
+          for (int64_t j = 0; j < 5 * H; ++j) C[j] = T(0);
+          continue;
+        }
+        const T* __restrict c = vp.row(k, b) + H;
+        const T* kr = K + (k * B + b) * 4 * H;
+        const T *__restrict ig = kr, *__restrict fg = kr + H, *__restrict gg = kr + 2 * H, *__restrict og = kr + 3 * H;
+        T* __restrict tc = scratch.data();
+#pragma omp simd
+        for (int64_t j = 0; j < H; ++j) tc[j] = fg[j] * c[j] + ig[j] * gg[j];
+        tanh_inplace<T>(tc, H);
+#pragma omp simd
+        for (int64_t j = 0; j < H; ++j) {
+          D[j] = T(0);
+          D[H + j] = fg[j];
+          C[j] = og[j] - og[j] * tc[j] * tc[j];
+          C[H + j] = gg[j] * ig[j] * (T(1) - ig[j]);
+          C[2 * H + j] = c[j] * fg[j] * (T(1) - fg[j]);
+          C[3 * H + j] = ig[j] - ig[j] * gg[j] * gg[j];
+          C[4 * H + j] = tc[j] * og[j] * (T(1) - og[j]);
+        }
+      }
+    }
+  });
+}
+
+// The gate pre-activations' gradients d (T, B, 4H) of steps k = 0 .. T - 1 from the adjoint in
+// reversed time (lam_{k+1} = [lam_h, lam_c] = lam_rev[T - 1 - k]) and the coefficients as
+// lstm_coefficients wrote them: s = lam_c + A lam_h, d[k] = [C_i s, C_f s, C_g s, C_o lam_h].
+template <typename T>
+static void lstm_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, Tensor& d) {
+  const int64_t Tn = d.size(0), B = d.size(1), H = d.size(2) / 4;
+  const View<T> vl(lam_rev.unsqueeze(1));
+  const T* Cp = C_rev.data_ptr<T>();
+  T* G = d.data_ptr<T>();
+  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t back = Tn - 1 - k;
+      for (int64_t b = 0; b < B; ++b) {
+        const T* __restrict lh = vl.row(back, b);
+        const T* __restrict lc = lh + H;
+        const T* __restrict C = Cp + (back * B + b) * 5 * H;
+        T* __restrict g = G + (k * B + b) * 4 * H;
+#pragma omp simd
+        for (int64_t j = 0; j < H; ++j) {
+          const T sj = lc[j] + C[j] * lh[j];
+          g[j] = C[H + j] * sj;
+          g[H + j] = C[2 * H + j] * sj;
+          g[2 * H + j] = C[3 * H + j] * sj;
+          g[3 * H + j] = C[4 * H + j] * lh[j];
+        }
+      }
+    }
+  });
+}
+
+void lstm_coefficients(const Tensor& points, const Tensor& kept, const c10::optional<Tensor>& dt, Tensor D_rev,
+                       Tensor C_rev) {
+  const int64_t Tn = kept.size(0), B = kept.size(1), H = kept.size(2) / 4;
+  TORCH_CHECK(points.dim() == 3 && points.size(0) >= Tn && points.size(1) == B && points.size(2) >= 2 * H,
+              "lstm_coefficients: points (T, B, >= 2H)");
+  for (const Tensor& t : {kept, D_rev, C_rev, opt_(dt)}) {
+    check_same(t, points, "every argument");
+    TORCH_CHECK(!t.defined() || t.is_contiguous(), "lstm_coefficients: contiguous tensors only");
+  }
+  TORCH_CHECK(D_rev.numel() == Tn * B * 2 * H && C_rev.numel() == Tn * B * 5 * H &&
+                  (!dt.has_value() || dt->numel() == Tn * B),
+              "lstm_coefficients: D (T, B, 2H), C (T, B, 5H), dt (T, B)");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "lstm_coefficients", [&] {
+    lstm_coefficients_impl<scalar_t>(points, kept, opt_(dt), D_rev, C_rev);
+  });
+}
+
+void lstm_gate_grads(const Tensor& lam_rev, const Tensor& C_rev, Tensor d) {
+  const int64_t Tn = d.size(0), B = d.size(1), H = d.size(2) / 4;
+  TORCH_CHECK(lam_rev.dim() == 3 && lam_rev.size(0) >= Tn && lam_rev.size(1) == B && lam_rev.size(2) == 2 * H,
+              "lstm_gate_grads: lam_rev (>= T, B, 2H)");
+  for (const Tensor& t : {C_rev, d}) {
+    check_same(t, lam_rev, "every argument");
+    TORCH_CHECK(t.is_contiguous(), "lstm_gate_grads: contiguous tensors only");
+  }
+  TORCH_CHECK(C_rev.numel() == Tn * B * 5 * H, "lstm_gate_grads: C (T, B, 5H), d (T, B, 4H)");
+  at::NoGradGuard guard;
+  AT_DISPATCH_FLOATING_TYPES(lam_rev.scalar_type(), "lstm_gate_grads", [&] {
+    lstm_gate_grads_impl<scalar_t>(lam_rev, C_rev, d);
+  });
+}
+
 }  // namespace mgrit

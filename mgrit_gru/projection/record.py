@@ -46,6 +46,7 @@ def training_step(
     seed: int = 0,
     device: str = "cpu",
     time_group=None,
+    cell: str = "gru",
 ) -> Callable[[], GRU]:
     """A function that runs one training step and returns the module (its ``last_stats``).
 
@@ -54,17 +55,26 @@ def training_step(
     runs; ``time_group``: this rank's slice of the same step (``cfactor`` an int), every rank
     building the same model and inputs. The loss is ``sum(y * w) + sum(h_n)`` with fixed
     random ``w``: every step's output and the end state carry gradient (over a time group,
-    ``h_n`` on its last rank only, so that the ranks' losses add up to one process's)."""
+    ``h_n`` on its last rank only, so that the ranks' losses add up to one process's).
+    ``cell="lstm"``: an LSTM stack of the same sizes instead (random weights; its ``h_n`` is
+    the final h)."""
+    from ..lstm.module import LSTM
+
+    if cell not in ("gru", "lstm"):
+        raise ValueError(f"cell must be 'gru' or 'lstm', got {cell!r}")
+    if cell == "lstm" and weights is not None:
+        raise ValueError("weights= holds a torch.nn.GRU's state: not for cell='lstm'")
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        ref = torch.nn.GRU(input_size, hidden, layers)
+        ref = (torch.nn.GRU if cell == "gru" else torch.nn.LSTM)(input_size, hidden, layers)
     if weights is not None:
         ref.load_state_dict(weights)
     x = inputs if inputs is not None else torch.randn(steps, batch, input_size, generator=gen)
     w = torch.randn(steps, batch, hidden, generator=gen) / (steps * batch) ** 0.5
     ref, x, w = ref.to(device), x.to(device), w.to(device)
-    module = ref if solver == "torch" else GRU.from_torch(ref, solver=options(solver, cfactor))
+    ours = GRU if cell == "gru" else LSTM
+    module = ref if solver == "torch" else ours.from_torch(ref, solver=options(solver, cfactor))
     with_end = True
     if time_group is not None:
         from ..distributed import scatter_time
@@ -77,6 +87,7 @@ def training_step(
         module.zero_grad(set_to_none=True)
         xr = x.detach().requires_grad_()
         y, h_n = module(xr)
+        h_n = h_n[0] if isinstance(h_n, tuple) else h_n  # an LSTM's (h, c)
         loss = (y * w).sum() + (h_n.sum() if with_end else 0.0)
         loss.backward()
         step.loss = float(loss.detach())
