@@ -216,7 +216,12 @@ def main() -> int:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 32])
     p.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=SOLVERS)
-    p.add_argument("--weights", nargs="+", help="random, trained (default both; lstm: random)")
+    p.add_argument(
+        "--weights",
+        nargs="+",
+        choices=["random", "trained"],
+        help="default both (lstm: random)",
+    )
     p.add_argument("--checkpoint", default=str(CHECKPOINT))
     p.add_argument("--busy", nargs="+", default=["none"], choices=["none", "loop"])
     p.add_argument("--input", type=int, default=32)
@@ -231,6 +236,8 @@ def main() -> int:
     p.add_argument("--sweeps", action="store_true", help="time compiled sweeps, not steps")
     p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 64, 256, 1024, 4096])
     args = p.parse_args()
+    if args.cell == "lstm" and args.sweeps:
+        p.error("--sweeps times the GRU's compiled sweeps: not with --cell lstm")
     if args.cell == "lstm" and args.weights and "trained" in args.weights:
         p.error("--cell lstm runs on random weights (the checkpoints are GRUs): --weights random")
     if not args.weights:

@@ -250,7 +250,14 @@ def test_cli_project_threads(capsys):
     assert serial[1]["x_serial"] == pytest.approx(1.0, rel=1e-3)
     assert mgrit[16]["train_ms"] < mgrit[2]["train_ms"] < mgrit[1]["train_ms"]
     assert {r["ranks"] for r in rows} == {1}
-    for bad, message in ((["--ranks", "2"], "without --ranks"), (["--device", "cuda"], "CPU")):
+    assert mgrit[16]["device"].endswith("16 threads)") and serial[1]["device"].endswith("1 thread)")
+    assert all("threads" in r for r in rows)  # torch.nn.GRU's row too (measured at one)
+    refused = (
+        (["--ranks", "2"], "without --ranks"),
+        (["--device", "cuda"], "CPU"),
+        (["--link", "ib"], "drop --link"),
+    )
+    for bad, message in refused:
         assert main([*argv, *bad]) == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -285,3 +292,7 @@ def test_threads_benchmark_dry_run(cell, tmp_path):
             [*argv, "--weights", "trained"], capture_output=True, text=True, cwd=root, timeout=120
         )
         assert bad.returncode == 2 and "random weights" in bad.stderr
+        bad = subprocess.run(
+            [*argv, "--sweeps"], capture_output=True, text=True, cwd=root, timeout=120
+        )
+        assert bad.returncode == 2 and "not with --cell lstm" in bad.stderr

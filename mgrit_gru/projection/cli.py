@@ -116,6 +116,8 @@ def _check(args: argparse.Namespace) -> None:
             )
         if args.ranks is not None and args.ranks != [1]:
             raise ValueError("--threads models one process: give it without --ranks")
+        if args.link is not None:
+            raise ValueError("--threads models one process: no link joins anything (drop --link)")
         if any(t < 1 for t in threads):
             raise ValueError(f"--threads {threads}: each must be at least 1")
         args.ranks = [1]
@@ -179,13 +181,18 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
     torch_s = None if torch_us is None else 1e-6 * torch_us
     threads = getattr(args, "threads", None)
     # one process on each thread count (--threads), else the device as measured (one thread)
-    devices = [dataclasses.replace(dev, threads=t) for t in sorted(set(threads or [1]))]
+    devices = [
+        dataclasses.replace(dev, threads=t, name=dev.name.replace("1 thread", _threads(t)))
+        for t in sorted(set(threads or [1]))
+    ]
     rows = []
     for d in devices:
         got = replay(expand(serial, 1), Machine(d, links[0])).seconds
         rows.append(_row(1, "serial", d, None, 1e3 * got, serial_s, torch_s, threads))
     if torch_s is not None:
-        rows.append(_row(1, "torch.nn.GRU", dev, None, 1e3 * torch_s, serial_s, torch_s))
+        rows.append(_row(1, "torch.nn.GRU", devices[0], None, 1e3 * torch_s, serial_s, torch_s))
+        if threads:  # measured at one thread: the one-thread rows are its
+            rows[-1]["threads"] = 1
     traces: dict = {}
     for solver in args.solvers:
         for P in sorted(set(args.ranks)):
@@ -208,6 +215,10 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
                     )
                     rows.append(row)
     return rows, dev
+
+
+def _threads(t: int) -> str:
+    return "1 thread" if t == 1 else f"{t} threads"
 
 
 def _row(P, solver, dev, link, ms, serial_s, torch_s, threads=None) -> dict:
@@ -247,8 +258,9 @@ def _print(rows: list[dict], args, dev) -> None:
     if getattr(args, "threads", None):
         print(
             "one process on each thread count (threads: cores of a CPU like this one); x serial "
-            "against the serial solve at one thread; the passes over the sequence at 0.8 of a "
-            "thread each, an upper bound where memory bandwidth saturates"
+            "and x torch against the serial solve and torch.nn.GRU at one thread; the passes "
+            "over the sequence at 0.8 of a thread each, an upper bound where memory bandwidth "
+            "saturates; the CPU's speed is measured now, so the figures move with its load"
         )
     by = "threads" if getattr(args, "threads", None) else "ranks"
     print(
