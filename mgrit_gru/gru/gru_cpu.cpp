@@ -242,10 +242,7 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
 void gru_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
                         const c10::optional<Tensor>& dt, bool implicit, const Tensor& w_hh, Tensor d_gx, Tensor d_gh,
                         Tensor lam0) {
-  for (const Tensor& t : {points, kept, d_out, d_last, opt(dt), w_hh, d_gx, d_gh, lam0}) {
-    check_same(t, points, "every argument");
-    TORCH_CHECK(!t.defined() || t.is_contiguous(), "gru_serial_adjoint: contiguous tensors only");
-  }
+  check_contiguous({points, kept, d_out, d_last, opt(dt), w_hh, d_gx, d_gh, lam0}, points, "gru_serial_adjoint");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "gru_serial_adjoint", [&] {
     gru_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt(dt), implicit, w_hh, d_gx, d_gh, lam0);
@@ -271,23 +268,17 @@ static void gru_coefficients_impl(const Tensor& points, const Tensor& kept, cons
   T* Dp = D_rev.data_ptr<T>();
   T* Cp = C_rev.data_ptr<T>();
   T* Ap = A_n.defined() ? A_n.data_ptr<T>() : nullptr;
-  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
-    std::vector<T> scratch(H);
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t back = Tn - 1 - k;
-      for (int64_t b = 0; b < B; ++b) {
-        const T* kr = K + (k * B + b) * 4 * H;
-        const T *r = kr, *z = kr + H, *n = kr + 2 * H, *ghn = kr + 3 * H;
-        const T step = dtp ? dtp[k * B + b] : T(1);
-        T* D = Dp + (back * B + b) * H;
-        T* C = Cp + (back * B + b) * 3 * H;
-        T* An = Ap ? Ap + (k * B + b) * H : scratch.data();
-        coefficients<T>(vp.row(k, b), r, z, n, ghn, step, implicit, H, D, An, C, C + H);
-        T* __restrict Cn = C + 2 * H;
+  over_steps<T>(Tn, B, H, [&](int64_t k, int64_t back, int64_t b, T* scratch) {
+    const T* kr = K + (k * B + b) * 4 * H;
+    const T *r = kr, *z = kr + H, *n = kr + 2 * H, *ghn = kr + 3 * H;
+    const T step = dtp ? dtp[k * B + b] : T(1);
+    T* D = Dp + (back * B + b) * H;
+    T* C = Cp + (back * B + b) * 3 * H;
+    T* An = Ap ? Ap + (k * B + b) * H : scratch;
+    coefficients<T>(vp.row(k, b), r, z, n, ghn, step, implicit, H, D, An, C, C + H);
+    T* __restrict Cn = C + 2 * H;
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) Cn[j] = An[j] * r[j];
-      }
-    }
+    for (int64_t j = 0; j < H; ++j) Cn[j] = An[j] * r[j];
   });
 }
 
@@ -304,23 +295,18 @@ static void gru_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, cons
   const T* Ap = A_n.data_ptr<T>();
   T* GX = d_gx.data_ptr<T>();
   T* GH = d_gh.data_ptr<T>();
-  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t back = Tn - 1 - k;
-      for (int64_t b = 0; b < B; ++b) {
-        const T* __restrict l = vl.row(back, b);
-        const T* __restrict c = Cp + (back * B + b) * 3 * H;
-        const T* __restrict a = Ap + (k * B + b) * H;
-        T* __restrict gx = GX + (k * B + b) * 3 * H;
-        T* __restrict gh = GH + (k * B + b) * 3 * H;
+  over_steps<T>(Tn, B, H, [&](int64_t k, int64_t back, int64_t b, T*) {
+    const T* __restrict l = vl.row(back, b);
+    const T* __restrict c = Cp + (back * B + b) * 3 * H;
+    const T* __restrict a = Ap + (k * B + b) * H;
+    T* __restrict gx = GX + (k * B + b) * 3 * H;
+    T* __restrict gh = GH + (k * B + b) * 3 * H;
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) {
-          gh[j] = gx[j] = c[j] * l[j];
-          gh[H + j] = gx[H + j] = c[H + j] * l[j];
-          gh[2 * H + j] = c[2 * H + j] * l[j];
-          gx[2 * H + j] = a[j] * l[j];
-        }
-      }
+    for (int64_t j = 0; j < H; ++j) {
+      gh[j] = gx[j] = c[j] * l[j];
+      gh[H + j] = gx[H + j] = c[H + j] * l[j];
+      gh[2 * H + j] = c[2 * H + j] * l[j];
+      gx[2 * H + j] = a[j] * l[j];
     }
   });
 }
@@ -330,10 +316,7 @@ void gru_coefficients(const Tensor& points, const Tensor& kept, const c10::optio
   const int64_t Tn = kept.size(0), B = kept.size(1), H = kept.size(2) / 4;
   TORCH_CHECK(points.dim() == 3 && points.size(0) >= Tn && points.size(1) == B && points.size(2) >= H,
               "gru_coefficients: points (T, B, >= H)");
-  for (const Tensor& t : {kept, D_rev, C_rev, opt(A_n), opt(dt)}) {
-    check_same(t, points, "every argument");
-    TORCH_CHECK(!t.defined() || t.is_contiguous(), "gru_coefficients: contiguous tensors only");
-  }
+  check_contiguous({kept, D_rev, C_rev, opt(A_n), opt(dt)}, points, "gru_coefficients");
   TORCH_CHECK(D_rev.numel() == Tn * B * H && C_rev.numel() == Tn * B * 3 * H &&
                   (!A_n.has_value() || A_n->numel() == Tn * B * H) && (!dt.has_value() || dt->numel() == Tn * B),
               "gru_coefficients: D (T, B, H), C (T, B, 3H), A_n (T, B, H), dt (T, B)");
@@ -347,10 +330,7 @@ void gru_gate_grads(const Tensor& lam_rev, const Tensor& C_rev, const Tensor& A_
   const int64_t Tn = d_gx.size(0), B = d_gx.size(1), H = d_gx.size(2) / 3;
   TORCH_CHECK(lam_rev.dim() == 3 && lam_rev.size(0) >= Tn && lam_rev.size(1) == B && lam_rev.size(2) == H,
               "gru_gate_grads: lam_rev (>= T, B, H)");
-  for (const Tensor& t : {C_rev, A_n, d_gx, d_gh}) {
-    check_same(t, lam_rev, "every argument");
-    TORCH_CHECK(t.is_contiguous(), "gru_gate_grads: contiguous tensors only");
-  }
+  check_contiguous({C_rev, A_n, d_gx, d_gh}, lam_rev, "gru_gate_grads");
   TORCH_CHECK(C_rev.numel() == Tn * B * 3 * H && A_n.numel() == Tn * B * H && d_gh.numel() == Tn * B * 3 * H,
               "gru_gate_grads: C (T, B, 3H), A_n (T, B, H), d_gx and d_gh (T, B, 3H)");
   at::NoGradGuard guard;

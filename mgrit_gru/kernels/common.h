@@ -266,6 +266,18 @@ inline void over_blocks(int64_t R, int64_t work, F&& block) {
   }
 }
 
+// fn(k, back, b, scratch) for every row b of every step k = 0 .. Tn - 1 of a pass over the
+// whole sequence (back = Tn - 1 - k: the step's index in reversed time), the steps in blocks
+// shared among the threads (over_blocks, rows = steps); scratch: H values of the block's own.
+template <typename T, typename F>
+inline void over_steps(int64_t Tn, int64_t B, int64_t H, F&& fn) {
+  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
+    std::vector<T> scratch(H);
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t b = 0; b < B; ++b) fn(k, Tn - 1 - k, b, scratch.data());
+  });
+}
+
 // What a serial adjoint in one call carries from step to step: lam (B, W), the direct part of
 // the next lam (B, W) and the recurrent GEMM's product (B, H); lam starts at
 // d_out[T - 1] + d_last (the gradient of the last state, from the output and from h_n).
@@ -290,6 +302,15 @@ inline void check_same(const Tensor& t, const Tensor& like, const char* name) {
   if (!t.defined()) return;
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == like.scalar_type(),
               "mgrit kernels: ", name, " must be a CPU tensor of the states' dtype");
+}
+
+// check_same for every tensor given (undefined ones pass), each contiguous too (`kernel`: the
+// function's name, in the error).
+inline void check_contiguous(std::initializer_list<Tensor> tensors, const Tensor& like, const char* kernel) {
+  for (const Tensor& t : tensors) {
+    check_same(t, like, "every argument");
+    TORCH_CHECK(!t.defined() || t.is_contiguous(), kernel, ": contiguous tensors only");
+  }
 }
 
 }  // namespace mgrit

@@ -791,8 +791,9 @@ def fine_coefficients(
         C_rev[pad] = 0.0
     end = off + T
     if kept is not None and compiled_passes(cell, kernel):
-        dt = None if mask is None else mask.reshape(T, -1).expand(T, B).to(points.dtype)
-        dt = None if dt is None else dt.contiguous()
+        dt = (
+            None if mask is None else mask.reshape(T, -1).expand(T, B).to(points.dtype).contiguous()
+        )
         D, C = D_rev[off:end], C_rev[off:end]
         cell.kernel_coefficients(kernel, points[:T], kept.contiguous(), dt, D, C, A_n)
         return D_rev, C_rev, A_n

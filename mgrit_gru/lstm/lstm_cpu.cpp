@@ -226,10 +226,7 @@ static void lstm_serial_adjoint_impl(const Tensor& points, const Tensor& kept, c
 
 void lstm_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
                          const c10::optional<Tensor>& dt, const Tensor& w_hh, Tensor d, Tensor lam0) {
-  for (const Tensor& t : {points, kept, d_out, d_last, opt_(dt), w_hh, d, lam0}) {
-    check_same(t, points, "every argument");
-    TORCH_CHECK(!t.defined() || t.is_contiguous(), "lstm_serial_adjoint: contiguous tensors only");
-  }
+  check_contiguous({points, kept, d_out, d_last, opt_(dt), w_hh, d, lam0}, points, "lstm_serial_adjoint");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "lstm_serial_adjoint", [&] {
     lstm_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt_(dt), w_hh, d, lam0);
@@ -254,36 +251,30 @@ static void lstm_coefficients_impl(const Tensor& points, const Tensor& kept, con
   const T* dtp = dt.defined() ? dt.data_ptr<T>() : nullptr;
   T* Dp = D_rev.data_ptr<T>();
   T* Cp = C_rev.data_ptr<T>();
-  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
-    std::vector<T> scratch(H);
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t back = Tn - 1 - k;
-      for (int64_t b = 0; b < B; ++b) {
-        T* __restrict D = Dp + (back * B + b) * 2 * H;
-        T* __restrict C = Cp + (back * B + b) * 5 * H;
-        if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
-          for (int64_t j = 0; j < 2 * H; ++j) D[j] = T(1);
-          for (int64_t j = 0; j < 5 * H; ++j) C[j] = T(0);
-          continue;
-        }
-        const T* __restrict c = vp.row(k, b) + H;
-        const T* kr = K + (k * B + b) * 4 * H;
-        const T *__restrict ig = kr, *__restrict fg = kr + H, *__restrict gg = kr + 2 * H, *__restrict og = kr + 3 * H;
-        T* __restrict tc = scratch.data();
+  over_steps<T>(Tn, B, H, [&](int64_t k, int64_t back, int64_t b, T* scratch) {
+    T* __restrict D = Dp + (back * B + b) * 2 * H;
+    T* __restrict C = Cp + (back * B + b) * 5 * H;
+    if (dtp && !(dtp[k * B + b] > T(0))) {  // identity step
+      for (int64_t j = 0; j < 2 * H; ++j) D[j] = T(1);
+      for (int64_t j = 0; j < 5 * H; ++j) C[j] = T(0);
+      return;
+    }
+    const T* __restrict c = vp.row(k, b) + H;
+    const T* kr = K + (k * B + b) * 4 * H;
+    const T *__restrict ig = kr, *__restrict fg = kr + H, *__restrict gg = kr + 2 * H, *__restrict og = kr + 3 * H;
+    T* __restrict tc = scratch;
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) tc[j] = fg[j] * c[j] + ig[j] * gg[j];
-        tanh_inplace<T>(tc, H);
+    for (int64_t j = 0; j < H; ++j) tc[j] = fg[j] * c[j] + ig[j] * gg[j];
+    tanh_inplace<T>(tc, H);
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) {
-          D[j] = T(0);
-          D[H + j] = fg[j];
-          C[j] = og[j] - og[j] * tc[j] * tc[j];
-          C[H + j] = gg[j] * ig[j] * (T(1) - ig[j]);
-          C[2 * H + j] = c[j] * fg[j] * (T(1) - fg[j]);
-          C[3 * H + j] = ig[j] - ig[j] * gg[j] * gg[j];
-          C[4 * H + j] = tc[j] * og[j] * (T(1) - og[j]);
-        }
-      }
+    for (int64_t j = 0; j < H; ++j) {
+      D[j] = T(0);
+      D[H + j] = fg[j];
+      C[j] = og[j] - og[j] * tc[j] * tc[j];
+      C[H + j] = gg[j] * ig[j] * (T(1) - ig[j]);
+      C[2 * H + j] = c[j] * fg[j] * (T(1) - fg[j]);
+      C[3 * H + j] = ig[j] - ig[j] * gg[j] * gg[j];
+      C[4 * H + j] = tc[j] * og[j] * (T(1) - og[j]);
     }
   });
 }
@@ -297,23 +288,18 @@ static void lstm_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, Ten
   const View<T> vl(lam_rev.unsqueeze(1));
   const T* Cp = C_rev.data_ptr<T>();
   T* G = d.data_ptr<T>();
-  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t back = Tn - 1 - k;
-      for (int64_t b = 0; b < B; ++b) {
-        const T* __restrict lh = vl.row(back, b);
-        const T* __restrict lc = lh + H;
-        const T* __restrict C = Cp + (back * B + b) * 5 * H;
-        T* __restrict g = G + (k * B + b) * 4 * H;
+  over_steps<T>(Tn, B, H, [&](int64_t k, int64_t back, int64_t b, T*) {
+    const T* __restrict lh = vl.row(back, b);
+    const T* __restrict lc = lh + H;
+    const T* __restrict C = Cp + (back * B + b) * 5 * H;
+    T* __restrict g = G + (k * B + b) * 4 * H;
 #pragma omp simd
-        for (int64_t j = 0; j < H; ++j) {
-          const T sj = lc[j] + C[j] * lh[j];
-          g[j] = C[H + j] * sj;
-          g[H + j] = C[2 * H + j] * sj;
-          g[2 * H + j] = C[3 * H + j] * sj;
-          g[3 * H + j] = C[4 * H + j] * lh[j];
-        }
-      }
+    for (int64_t j = 0; j < H; ++j) {
+      const T sj = lc[j] + C[j] * lh[j];
+      g[j] = C[H + j] * sj;
+      g[H + j] = C[2 * H + j] * sj;
+      g[2 * H + j] = C[3 * H + j] * sj;
+      g[3 * H + j] = C[4 * H + j] * lh[j];
     }
   });
 }
@@ -323,10 +309,7 @@ void lstm_coefficients(const Tensor& points, const Tensor& kept, const c10::opti
   const int64_t Tn = kept.size(0), B = kept.size(1), H = kept.size(2) / 4;
   TORCH_CHECK(points.dim() == 3 && points.size(0) >= Tn && points.size(1) == B && points.size(2) >= 2 * H,
               "lstm_coefficients: points (T, B, >= 2H)");
-  for (const Tensor& t : {kept, D_rev, C_rev, opt_(dt)}) {
-    check_same(t, points, "every argument");
-    TORCH_CHECK(!t.defined() || t.is_contiguous(), "lstm_coefficients: contiguous tensors only");
-  }
+  check_contiguous({kept, D_rev, C_rev, opt_(dt)}, points, "lstm_coefficients");
   TORCH_CHECK(D_rev.numel() == Tn * B * 2 * H && C_rev.numel() == Tn * B * 5 * H &&
                   (!dt.has_value() || dt->numel() == Tn * B),
               "lstm_coefficients: D (T, B, 2H), C (T, B, 5H), dt (T, B)");
@@ -340,10 +323,7 @@ void lstm_gate_grads(const Tensor& lam_rev, const Tensor& C_rev, Tensor d) {
   const int64_t Tn = d.size(0), B = d.size(1), H = d.size(2) / 4;
   TORCH_CHECK(lam_rev.dim() == 3 && lam_rev.size(0) >= Tn && lam_rev.size(1) == B && lam_rev.size(2) == 2 * H,
               "lstm_gate_grads: lam_rev (>= T, B, 2H)");
-  for (const Tensor& t : {C_rev, d}) {
-    check_same(t, lam_rev, "every argument");
-    TORCH_CHECK(t.is_contiguous(), "lstm_gate_grads: contiguous tensors only");
-  }
+  check_contiguous({C_rev, d}, lam_rev, "lstm_gate_grads");
   TORCH_CHECK(C_rev.numel() == Tn * B * 5 * H, "lstm_gate_grads: C (T, B, 5H), d (T, B, 4H)");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(lam_rev.scalar_type(), "lstm_gate_grads", [&] {
