@@ -186,11 +186,13 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
         for t in sorted(set(threads or [1]))
     ]
     rows = []
-    for d in devices:
-        got = replay(expand(serial, 1), Machine(d, links[0])).seconds
+    for d in devices:  # (one thread: the replay above)
+        got = (
+            serial_s if d.threads == 1 else replay(expand(serial, 1), Machine(d, links[0])).seconds
+        )
         rows.append(_row(1, "serial", d, None, 1e3 * got, serial_s, torch_s, threads))
     if torch_s is not None:
-        rows.append(_row(1, "torch.nn.GRU", devices[0], None, 1e3 * torch_s, serial_s, torch_s))
+        rows.append(_row(1, "torch.nn.GRU", dev, None, 1e3 * torch_s, serial_s, torch_s))
         if threads:  # measured at one thread: the one-thread rows are its
             rows[-1]["threads"] = 1
     traces: dict = {}
