@@ -55,7 +55,8 @@ The table in use (:func:`table`, :func:`active`):
 :data:`BUILTIN` was calibrated with ``python benchmarks/step_cost.py`` on this project's
 2-core AMD EPYC (one thread, fp32, 2026-12-03; each kind timed as the solves run it, loop and
 bookkeeping included; "fused" fitted over batches 1-64, where the serial forward uses it);
-the "sweep" kinds by ``mgrit-gru calibrate`` on an AMD EPYC of the same kind (2026-12-04).
+the "sweep" kinds by ``mgrit-gru calibrate`` on an AMD EPYC of the same kind (2026-12-04),
+scaled to the vectorised build of 2026-12-06 (its comment says how).
 On CUDA the "sweep" kinds (the Triton sweeps) are a projection from the kernels' structure,
 not a measurement, until a GPU check replaces them (see the table).
 Its CUDA row was measured on an H200 (2026-12-04, ``benchmarks/gpu_check.sh``'s sweep part:
@@ -90,18 +91,21 @@ BUILTIN = {
         "step": (32.0, 0.40),
         "fused": (12.0, 0.60),
         "adjoint": (7.0, 0.50),
-        "sweep": (0.3, 0.41),
-        "sweep_adjoint": (0.0, 0.435),
+        # the compiled sweeps: measured 2026-12-04 as (0.3, 0.41) and (0.0, 0.435), scaled by
+        # what building them with -fno-trapping-math (vectorised activations) changed, measured
+        # side by side on 2026-12-06 by `mgrit-gru calibrate` (c: 2.446 -> 1.324 and 1.371 ->
+        # 1.020 us a row on a slower day of the same VM)
+        "sweep": (0.17, 0.22),
+        "sweep_adjoint": (0.0, 0.32),
         # the serial LSTM solve's two ways (SERIAL_KINDS): (call us, ((B, us a step), ...));
-        # measured 2026-12-05 18:27 UTC on this project's
-        # 2-core AMD EPYC by `mgrit-gru calibrate` (calibrate.measure_serial: 16 and 4096
-        # steps, least of 2 rounds, one thread; the VM was slow that day, every time here
-        # 3-5x what the GRU kinds' day would give, so only their ratios count, which is all
-        # the choice reads)
-        "lstm_torch": (1533.0, ((1, 4.0), (4, 15.1), (8, 35.8))),
-        "lstm_torch_adjoint": (1736.0, ((1, 6.1), (4, 21.9), (8, 44.1))),
-        "lstm_sweep": (1672.0, ((1, 8.5), (4, 17.1), (8, 35.2))),
-        "lstm_sweep_adjoint": (779.0, ((1, 8.7), (4, 17.8), (8, 35.7))),
+        # measured 2026-12-06 on this project's 2-core AMD EPYC by `mgrit-gru calibrate`
+        # (calibrate.measure_serial: 16 and 4096 steps, least of 2 rounds, one thread) on a
+        # slow day of the VM, every time here 3-5x what the GRU kinds' day would give, so
+        # only their ratios count, which is all the choice reads
+        "lstm_torch": (1178.0, ((1, 3.85), (4, 16.8), (8, 34.8))),
+        "lstm_torch_adjoint": (1444.0, ((1, 5.85), (4, 19.2), (8, 40.1))),
+        "lstm_sweep": (1402.0, ((1, 5.21), (4, 9.27), (8, 19.9))),
+        "lstm_sweep_adjoint": (656.0, ((1, 6.23), (4, 13.5), (8, 28.0))),
     },
     "cuda": {
         "step": (112.1, 0.0026),
@@ -196,8 +200,15 @@ def cpu_name() -> str:
 
 
 def machine_key(device: str = "cpu") -> str:
-    """The cache key of this machine: CPU model, torch version, threads (always 1), device."""
-    return f"{cpu_name()} | torch {torch.__version__} | threads {THREADS} | {_kind(device)}"
+    """The cache key of this machine: CPU model, torch version, threads (always 1), device,
+    and the CPU kernels' build (:func:`mgrit_gru.kernels.build_key`: their sources and flags),
+    so that a calibration of earlier kernels is not read as this code's."""
+    from .kernels import build_key
+
+    return (
+        f"{cpu_name()} | torch {torch.__version__} | threads {THREADS} | {_kind(device)}"
+        f" | kernels {build_key()}"
+    )
 
 
 def cache_path() -> Path:

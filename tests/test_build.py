@@ -134,7 +134,7 @@ def test_a_killed_build_leaves_no_trap(tmp_path, how):
     try:
         names, lock = _state(build)
         assert any(".tmp-" in n for n in names) and f"process {pid}" in lock, (names, lock)
-        assert not kernels._validated(build / kernels._key())[0]
+        assert not kernels._validated(build / kernels.build_key())[0]
         if how == "SIGTERM":
             done = _run([sys.executable, "-c", SWEEP], _env(build, CXX="/bin/false"))
             assert done.returncode == 0 and done.stdout.split() == ["torch"], done
@@ -150,7 +150,7 @@ def test_a_killed_build_leaves_no_trap(tmp_path, how):
     failed = _lines(done.stderr, "could not be built")
     assert len(failed) == 1 and "`python -m mgrit_gru.kernels --rebuild`" in failed[0]
     names, lock = _state(build)
-    assert lock == "" and names == [f"{kernels._key()}.lock"], names  # leftovers cleared
+    assert lock == "" and names == [f"{kernels.build_key()}.lock"], names  # leftovers cleared
 
 
 def _copy_of_this_build(tmp_path: Path) -> Path:
@@ -158,7 +158,7 @@ def _copy_of_this_build(tmp_path: Path) -> Path:
     if kernels.load() is None:
         pytest.skip(f"no compiled kernels here: {kernels.error()}")
     build = tmp_path / "build"
-    shutil.copytree(kernels.build_dir(), build / kernels._key())
+    shutil.copytree(kernels.build_dir(), build / kernels.build_key())
     return build
 
 
@@ -167,7 +167,7 @@ def test_a_truncated_library_is_refused_not_loaded(tmp_path):
     Bus error when loaded; its size against the manifest refuses it, in one line, and the
     build starts anew (failing here at once: the PyTorch steps run)."""
     build = _copy_of_this_build(tmp_path)
-    folder = build / kernels._key()
+    folder = build / kernels.build_key()
     library = kernels._validated(folder)[0]
     size = library.stat().st_size
     with open(library, "r+b") as f:
@@ -185,7 +185,7 @@ def test_a_folder_with_torchs_stale_lock_is_refused_not_waited_on(tmp_path):
     """The trap of the issue made by hand: the build folder holding only the empty ``lock``
     of torch's builder (what a killed build left before): refused at once, no wait."""
     build = tmp_path / "build"
-    folder = build / kernels._key()
+    folder = build / kernels.build_key()
     folder.mkdir(parents=True)
     (folder / "lock").touch()
     done = _run([sys.executable, "-c", SWEEP], _env(build, CXX="/bin/false"))
@@ -198,7 +198,7 @@ def test_the_manifest_checks_size_and_content(tmp_path):
     """In process: a complete copy validates; one changed byte (same size) fails its SHA-256;
     a missing manifest or library is named."""
     build = _copy_of_this_build(tmp_path)
-    folder = build / kernels._key()
+    folder = build / kernels.build_key()
     library, problem, name = kernels._validated(folder)
     assert library is not None and problem is None and name.startswith("mgrit_gru_cpu_")
     data = bytearray(library.read_bytes())
@@ -306,7 +306,7 @@ def test_installed_from_the_wheel_it_finds_its_build_and_runs_compiled(wheel, tm
         "from mgrit_gru import kernels\n"
         f"assert mgrit_gru.__file__.startswith({site!r}), mgrit_gru.__file__\n"
         "assert all(p.is_file() for p in (*kernels.SOURCES, *kernels.HEADERS))\n"
-        "print(kernels._key())\n"
+        "print(kernels.build_key())\n"
         "for cls in (mgrit_gru.GRU, mgrit_gru.LSTM):\n"
         "    m = cls(3, 6, solver=mgrit_gru.MGRIT(cfactor=4), kernels='compiled')\n"
         "    x = torch.randn(33, 2, 3, requires_grad=True)\n"
@@ -323,6 +323,6 @@ def test_installed_from_the_wheel_it_finds_its_build_and_runs_compiled(wheel, tm
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout.split("\n")
-    assert out[0] == kernels._key() == checkout_build.name, done.stdout
+    assert out[0] == kernels.build_key() == checkout_build.name, done.stdout
     assert out[1:3] == ["['compiled']", "['compiled']"], done
     assert "compiling" not in done.stderr, done.stderr  # loaded, not built again

@@ -43,9 +43,19 @@ def _expected(T, B, H, train=True) -> str:
     return "torch" if torch_us < sweep_us else "compiled"
 
 
+def _priced(way: str):
+    """A table (the built-in one) in which the other way costs 100 times its price: the
+    layer then takes ``way`` ("torch" or "compiled") at any shape."""
+    row = dict(cost.BUILTIN["cpu"])
+    dear = "lstm_sweep" if way == "torch" else "lstm_torch"
+    call, steps = row[dear]
+    row[dear] = (call, tuple((b, 100 * us) for b, us in steps))
+    return cost.use(row)
+
+
 # (T, B, H, bias): the built-in model takes torch's kernel at the first ones (one long
-# sequence), the sweeps at the last (more sequences, few steps, another H)
-SHAPES = [(300, 1, 32, True), (600, 1, 32, False), (120, 3, 5, False), (4, 48, 6, True)]
+# sequence of a narrow layer), the sweeps at the last (more sequences, few steps, another H)
+SHAPES = [(3000, 1, 2, True), (1000, 1, 2, False), (120, 3, 5, False), (4, 48, 6, True)]
 
 
 @pytest.mark.parametrize("T, B, H, bias", SHAPES)
@@ -72,22 +82,19 @@ def test_two_layers_bidirectional_batch_first_by_torch():
     ref = torch.nn.LSTM(3, 32, num_layers=2, bidirectional=True, batch_first=True)
     ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
     x, h0, c0 = torch.randn(1, 300, 3), torch.randn(4, 1, 32), torch.randn(4, 1, 32)
-    for a, b in zip(_run(ours, x, h0, c0), _run(ref, x, h0, c0)):
-        assert (a - b).abs().max() < 1e-12
-    assert _expected(300, 1, 32) == "torch" and _ways(ours) == ({"torch"}, {"torch"})
+    with _priced("torch"):
+        for a, b in zip(_run(ours, x, h0, c0), _run(ref, x, h0, c0)):
+            assert (a - b).abs().max() < 1e-12
+        assert _expected(300, 1, 32) == "torch" and _ways(ours) == ({"torch"}, {"torch"})
 
 
 @pytest.mark.parametrize("way", ["torch", "sweep"])
 def test_pinned_table_decides(way):
     """A table that prices the other way far dearer makes the solve take ``way``."""
-    row = dict(cost.BUILTIN["cpu"])
-    dear = "lstm_sweep" if way == "torch" else "lstm_torch"
-    call, steps = row[dear]
-    row[dear] = (call, tuple((b, 100 * us) for b, us in steps))
     torch.manual_seed(5)
     ref = torch.nn.LSTM(3, 5)
     x, h0, c0 = torch.randn(50, 2, 3), torch.randn(1, 2, 5), torch.randn(1, 2, 5)
-    with cost.use(row):
+    with _priced("torch" if way == "torch" else "compiled"):
         ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
         got = _run(ours, x, h0, c0)
     for a, b in zip(got, _run(ref, x, h0, c0)):
@@ -104,21 +111,22 @@ def test_torchs_kernel_runs_the_forward_once_in_training(monkeypatch):
     ref = torch.nn.LSTM(3, 32)
     ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
     x = torch.randn(400, 1, 3, requires_grad=True)
-    assert _expected(400, 1, 32) == "torch"
-    calls = []
-    real = torch._VF.lstm
-    monkeypatch.setattr(torch._VF, "lstm", lambda *a: calls.append(1) or real(*a))
-    y, _ = ours(x)
-    y.square().sum().backward(retain_graph=True)
-    assert len(calls) == 1 and _ways(ours) == ({"torch"}, {"torch"})
-    first = x.grad.clone()
-    x.grad = None
-    y.square().sum().backward()
-    assert len(calls) == 1 and (x.grad - first).abs().max() < 1e-12
-    assert [s.kernels for s in ours.last_stats.backward] == ["torch", "compiled"]
-    y_ref, _ = ref(x)
-    (g_ref,) = torch.autograd.grad(y_ref.square().sum(), x)
-    assert (first - g_ref).abs().max() < 1e-12
+    with _priced("torch"):
+        assert _expected(400, 1, 32) == "torch"
+        calls = []
+        real = torch._VF.lstm
+        monkeypatch.setattr(torch._VF, "lstm", lambda *a: calls.append(1) or real(*a))
+        y, _ = ours(x)
+        y.square().sum().backward(retain_graph=True)
+        assert len(calls) == 1 and _ways(ours) == ({"torch"}, {"torch"})
+        first = x.grad.clone()
+        x.grad = None
+        y.square().sum().backward()
+        assert len(calls) == 1 and (x.grad - first).abs().max() < 1e-12
+        assert [s.kernels for s in ours.last_stats.backward] == ["torch", "compiled"]
+        y_ref, _ = ref(x)
+        (g_ref,) = torch.autograd.grad(y_ref.square().sum(), x)
+        assert (first - g_ref).abs().max() < 1e-12
 
 
 def test_inference_priced_on_the_forward_alone():
@@ -138,32 +146,35 @@ def test_lengths_keep_the_sweeps():
     ref = torch.nn.LSTM(3, 32)
     ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
     x, lengths = torch.randn(300, 2, 3), torch.tensor([300, 120])
-    assert _expected(300, 2, 32) == "torch"  # but lengths rule torch's kernel out
-    packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
-    y_ref, _ = torch.nn.utils.rnn.pad_packed_sequence(ref(packed)[0], total_length=300)
-    leaf = x.clone().requires_grad_()
-    y, _ = ours(leaf, lengths=lengths)
-    assert (y - y_ref).abs().max() < 1e-12
-    (y * y_ref.detach()).sum().backward()
-    (g_ref,) = torch.autograd.grad((y_ref * y_ref.detach()).sum(), ref.weight_hh_l0)
-    assert (ours.weight_hh_l0.grad - g_ref).abs().max() < 1e-12
-    assert _ways(ours) == ({"compiled"}, {"compiled"})
+    with _priced("torch"):
+        assert _expected(300, 2, 32) == "torch"  # but lengths rule torch's kernel out
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        y_ref, _ = torch.nn.utils.rnn.pad_packed_sequence(ref(packed)[0], total_length=300)
+        leaf = x.clone().requires_grad_()
+        y, _ = ours(leaf, lengths=lengths)
+        assert (y - y_ref).abs().max() < 1e-12
+        (y * y_ref.detach()).sum().backward()
+        (g_ref,) = torch.autograd.grad((y_ref * y_ref.detach()).sum(), ref.weight_hh_l0)
+        assert (ours.weight_hh_l0.grad - g_ref).abs().max() < 1e-12
+        assert _ways(ours) == ({"compiled"}, {"compiled"})
 
 
-def test_proj_size_as_torch():
+@pytest.mark.parametrize("way", ["torch", "compiled"])
+def test_proj_size_as_torch(way):
     """The projected LSTM solves a plain LSTM layer inside (W_hh W_hr, H wide): that layer
     takes the way the model prices lower, equal to torch.nn.LSTM(proj_size=...) either way."""
     torch.manual_seed(10)
     ref = torch.nn.LSTM(3, 32, proj_size=2)
     ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
     x = torch.randn(300, 1, 3, requires_grad=True)
-    y, _ = ours(x)
-    y_ref, _ = ref(x)
-    assert (y - y_ref).abs().max() < 1e-12
-    (g,) = torch.autograd.grad(y.sum(), x)
-    (g_ref,) = torch.autograd.grad(y_ref.sum(), x)
-    assert (g - g_ref).abs().max() < 1e-12
-    assert _ways(ours) == ({_expected(299, 1, 32)}, {_expected(299, 1, 32)})
+    with _priced(way):
+        y, _ = ours(x)
+        y_ref, _ = ref(x)
+        assert (y - y_ref).abs().max() < 1e-12
+        (g,) = torch.autograd.grad(y.sum(), x)
+        (g_ref,) = torch.autograd.grad(y_ref.sum(), x)
+        assert (g - g_ref).abs().max() < 1e-12
+        assert _ways(ours) == ({way}, {way})
 
 
 def test_a_trace_keeps_the_sweeps():
@@ -172,11 +183,12 @@ def test_a_trace_keeps_the_sweeps():
     ref = torch.nn.LSTM(3, 32)
     ours = mgrit_gru.LSTM.from_torch(ref, solver="serial")
     x = torch.randn(300, 1, 3, requires_grad=True)
-    assert _expected(300, 1, 32) == "torch"
-    with trace.record():
-        y, _ = ours(x)
-        y.sum().backward()
-    assert "torch" not in set().union(*_ways(ours))
+    with _priced("torch"):
+        assert _expected(300, 1, 32) == "torch"
+        with trace.record():
+            y, _ = ours(x)
+            y.sum().backward()
+        assert "torch" not in set().union(*_ways(ours))
 
 
 def test_tables_without_the_serial_entries_read_as_before(tmp_path):
