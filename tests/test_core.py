@@ -239,6 +239,47 @@ def test_secant_with_one_iterate_is_the_frozen_map_and_learns_with_more():
     assert not torch.allclose(frozen(dU, None), dP, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("secant", [False, True])
+@pytest.mark.parametrize("N", [37, 40])
+def test_compiled_chunk_map_sweep_is_the_pytorch_steps(dtype, secant, N):
+    """A coarse chunk map's compiled sweep (the kernels' map_sweep) against its own PyTorch
+    steps, frozen and secant (coupled), with and without a right-hand side, on a padded grid
+    (N = 37) and an unpadded one (its factors and coupling strided views): equal to
+    rounding."""
+    from mgrit_gru import kernels
+    from mgrit_gru.core.coarse import DiagonalStep, SecantStep
+
+    module = kernels.load()
+    if module is None:
+        pytest.skip(f"no compiled kernels here: {kernels.error()}")
+    torch.manual_seed(3)
+    grid = Grid(N=N, m=8, n=5)  # M = 40 points
+    B, H = 3, 7
+    make = (lambda k: SecantStep(grid, 2, k)) if secant else (lambda k: DiagonalStep(grid, k))
+    ref, ours = make(None), make(module)
+    assert ref.sweep is None and ours.sweep is not None
+    factors = (torch.rand(N, B, H) + 0.3).to(dtype)
+    for _ in range(3 if secant else 1):  # three iterates: a rank-2 coupling
+        U, P = torch.randn(N + 1, B, H, dtype=dtype), torch.randn(N, B, H, dtype=dtype)
+        for op in (ref, ours):
+            op.refresh(factors, U, P)
+    assert (getattr(ref, "coupling", None) is not None) == secant
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for with_g in (False, True):
+        u0 = torch.randn(grid.m, grid.n, B, H, dtype=dtype)
+        g = torch.randn_like(u0) if with_g else None
+        a, b = u0.clone(), u0.clone()
+        for j in range(grid.m - 1):  # the PyTorch steps
+            ref(a[j], j, out=a[j + 1])
+            if g is not None:
+                a[j + 1].add_(g[j])
+        ours.sweep(b, g, 0, 3)
+        ours.sweep(b, g, 3, grid.m - 1)
+        assert torch.allclose(a, b, atol=tol, rtol=tol)
+        assert torch.equal(b[0], u0[0])
+
+
 def test_frozen_gate_chunk_map_is_the_composition_of_its_steps():
     """Along a sweep the forward step records 1 - theta (z for the classic cell); with the
     sweep's gates held fixed, a chunk maps a changed start h0 + d to its end + A d, A the

@@ -19,6 +19,10 @@ frozen diagonal ignores. With fewer than two iterates it is the frozen map.
 A finer level whose coarse level is one of these provides ``chunk_factors()``: the product
 over each of its chunks of the steps' diagonal factors along its current trajectory,
 ``(n, *S)``. Both classes provide it themselves, so they stack on every level.
+
+Given a compiled module with ``map_sweep`` (the C++ kernels, :mod:`mgrit_gru.kernels`; the
+source is ``coarse_cpu.cpp`` beside this file), a map offers ``sweep``: many of its steps of
+every chunk in one call, where stepping costs four to six PyTorch operators per step.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ class DiagonalStep:
 
     level = 1  # its MGRIT level, set by the cycle: for traces
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, kernel=None) -> None:
         self.grid = grid
         self.a: Optional[Tensor] = None  # (m, n, *S) chunk layout
+        # a compiled module that runs many steps in one call (its map_sweep), else None
+        self.kernel = kernel if hasattr(kernel, "map_sweep") else None
+        self.sweep = None if self.kernel is None else self._sweep
 
     def refresh(self, factors: Tensor, c_points: Tensor, propagated: Tensor) -> None:
         """``factors`` ``(N, *S)``: the finer level's chunk factors, one per step of this
@@ -55,6 +62,40 @@ class DiagonalStep:
 
     def chunk_factors(self) -> Tensor:
         return self.a.prod(0)
+
+    def _coupling(self, j0: int, j1: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        return None, None
+
+    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+        """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] = map_j(u[j])
+        + g[j]`` (``u`` in chunk layout ``(m, n, *S)``); step by step where a tensor is not
+        a ``(steps, n, rows, H)`` view."""
+        S, (n, H) = j1 - j0, (u.shape[1], u.shape[-1])
+        W, P = self._coupling(j0, j1)
+
+        def rows(t: Tensor) -> Tensor:  # (steps, n, R, H)
+            return t.view(t.shape[0], n, -1, H)
+
+        def pair(t: Tensor) -> Tensor:  # (steps, n, R, q, H)
+            return t.view(S, n, -1, *t.shape[-2:])
+
+        try:
+            args = (
+                rows(u[j0 : j0 + 1]),
+                rows(u[j0 + 1 : j1 + 1]),
+                rows(self.a[j0:j1]),
+                None if g is None else rows(g[j0:j1]),
+                None if W is None else pair(W),
+                None if P is None else pair(P),
+            )
+        except RuntimeError:  # a layout that no view serves: the PyTorch steps
+            for j in range(j0, j1):
+                self(u[j], j, out=u[j + 1])
+                if g is not None:
+                    u[j + 1].add_(g[j])
+            return
+        self.kernel.map_sweep(*args)
+        trace.work("map", u[0].numel() // max(H, 1), H, calls=S, level=self.level)
 
 
 class SecantStep(DiagonalStep):
@@ -73,8 +114,8 @@ class SecantStep(DiagonalStep):
     difference that vanishes (the first chunk's start never moves) adds nothing, and where a
     solve still fails the map stays the diagonal one."""
 
-    def __init__(self, grid: Grid, depth: int) -> None:
-        super().__init__(grid)
+    def __init__(self, grid: Grid, depth: int, kernel=None) -> None:
+        super().__init__(grid, kernel)
         self.depth = depth
         self.history: list[tuple[Tensor, Tensor]] = []  # (U, P), each (N, *S)
         self.coupling: Optional[tuple[Tensor, Tensor]] = None  # chunk-layout (W, G^-1 dU)
@@ -102,11 +143,19 @@ class SecantStep(DiagonalStep):
         ridge = 0.01 * torch.finfo(U.dtype).eps ** 0.5  # near-parallel pairs stay solvable
         proj, info = torch.linalg.solve_ex(gram + ridge * eye, dU)  # (N, *R, q, H)
         proj = torch.where((info == 0)[..., None, None], proj, torch.zeros_like(proj))
-        self.coupling = (self._steps(W.to(U.dtype)), self._steps(proj.to(U.dtype)))
+        # contiguous: LAPACK leaves the solution column-major, the compiled sweep reads rows
+        W, proj = W.to(U.dtype).contiguous(), proj.to(U.dtype).contiguous()
+        self.coupling = (self._steps(W), self._steps(proj))
 
     def _steps(self, per_chunk: Tensor) -> Tensor:
         """Per finer chunk ``(N, ...)`` -> this level's chunk layout, zero in the padding."""
         return chunk_view(pad_steps(per_chunk, self.grid, 0.0), self.grid)
+
+    def _coupling(self, j0: int, j1: int) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        if self.coupling is None:
+            return None, None
+        W, proj = self.coupling
+        return W[j0:j1], proj[j0:j1]
 
     def __call__(self, u: Tensor, j: Optional[int], out: Optional[Tensor] = None) -> Tensor:
         res = super().__call__(u, j, out)

@@ -64,6 +64,7 @@ SOURCES = (
     _ROOT / "kernels" / "bindings.cpp",
     _ROOT / "gru" / "gru_cpu.cpp",
     _ROOT / "lstm" / "lstm_cpu.cpp",
+    _ROOT / "core" / "coarse_cpu.cpp",
 )
 HEADERS = (_ROOT / "kernels" / "common.h",)
 # -fopenmp: ATen's parallel_for is a header template that opens an OpenMP region only where

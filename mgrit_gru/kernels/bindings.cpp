@@ -28,6 +28,8 @@ void gru_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, const at
 void lstm_coefficients(const at::Tensor& points, const at::Tensor& kept, const c10::optional<at::Tensor>& dt,
                        at::Tensor D_rev, at::Tensor C_rev);
 void lstm_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, at::Tensor d);
+void map_sweep(const at::Tensor& x0, at::Tensor out, const at::Tensor& a, const c10::optional<at::Tensor>& g,
+               const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& P);
 }  // namespace mgrit
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -41,6 +43,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_gate_grads", &mgrit::gru_gate_grads);
   m.def("lstm_coefficients", &mgrit::lstm_coefficients);
   m.def("lstm_gate_grads", &mgrit::lstm_gate_grads);
+  m.def("map_sweep", &mgrit::map_sweep);  // the coarse levels' chunk maps (core/coarse_cpu.cpp)
   // whether at::parallel_for opens OpenMP regions here (the module built with -fopenmp): the
   // sweeps' blocks spread over torch's threads only then
 #ifdef INTRA_OP_PARALLEL

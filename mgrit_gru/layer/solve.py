@@ -458,17 +458,18 @@ def coarse_forward_ops(
             for lvl, g in enumerate(grids)
             if lvl > 0
         ]
-    return chunk_map_ops(grids, options)
+    return chunk_map_ops(grids, options, kernel)
 
 
-def chunk_map_ops(grids: list[Grid], options: MGRIT) -> list:
-    """Frozen (or, on level 1, secant) chunk maps for every coarse level."""
+def chunk_map_ops(grids: list[Grid], options: MGRIT, kernel=None) -> list:
+    """Frozen (or, on level 1, secant) chunk maps for every coarse level; ``kernel``: the
+    layer's compiled module, whose ``map_sweep`` (where it has one) runs their sweeps."""
     ops = []
     for lvl, g in enumerate(grids):
         if lvl == 1 and isinstance(options.coarse, Secant):
-            ops.append(SecantStep(g, options.coarse.depth))
+            ops.append(SecantStep(g, options.coarse.depth, kernel))
         elif lvl > 0:
-            ops.append(DiagonalStep(g))
+            ops.append(DiagonalStep(g, kernel))
     return ops
 
 
@@ -976,7 +977,7 @@ def adjoint_solve(
                     meter, kernel,
                 )  # fmt: skip
             else:
-                state["ops"] = chunk_map_ops(mgrit_grids, options)
+                state["ops"] = chunk_map_ops(mgrit_grids, options, kernel)
         return state["ops"][: len(grids) - 1]
 
     rule = _stopping(options, "backward", mgrit_grids, x)

@@ -1,0 +1,107 @@
+"""The coarse levels' chunk maps stepped as PyTorch operators against their compiled sweep
+(``map_sweep``, ``mgrit_gru/core/coarse_cpu.cpp``): a GRU training step, both ways interleaved
+round by round in one process, at each thread count.
+
+    python benchmarks/coarse_maps.py [--T 16384] [--batch 1 4] [--threads 1 2]
+        [--solvers budget mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run]
+
+Random weights (input 32, hidden 64) and, with ``--checkpoint`` (a ``mgrit-gru train`` run
+folder), its trained GRU on its training sequences joined end to end up to T. "pytorch" gives
+the maps no compiled module (every coarse step four to six operators), "compiled" the
+layer's own. Printed per row: the least and the median of the rounds each way, their ratio
+and the speed-up from one thread to the most. The two ways differ in the coarse steps alone
+(the same cycles: the results agree to rounding). Time only on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mgrit_gru.cost import cpu_name  # noqa: E402
+from mgrit_gru.layer import solve  # noqa: E402
+from mgrit_gru.projection import record  # noqa: E402
+
+_ORIGINAL = solve.chunk_map_ops
+_COMPILED = {"on": True}
+
+
+def _maps(grids, options, kernel=None):
+    return _ORIGINAL(grids, options, kernel if _COMPILED["on"] else None)
+
+
+def measure(step, threads: list[int], rounds: int) -> dict:
+    """``{(threads, compiled): [seconds per round]}``, both ways warmed at every count."""
+    times: dict = {}
+    for warm in (True, False):
+        for _ in range(1 if warm else rounds):
+            for n in threads:
+                torch.set_num_threads(n)
+                for compiled in (False, True):
+                    _COMPILED["on"] = compiled
+                    start = time.perf_counter()
+                    step()
+                    if not warm:
+                        times.setdefault((n, compiled), []).append(time.perf_counter() - start)
+    return times
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, default=16384)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--solvers", nargs="+", choices=("budget", "mgrit"), default=["budget", "mgrit"])
+    p.add_argument("--checkpoint", default=None, help="a mgrit-gru train run (trained weights)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--dry-run", action="store_true", help="T = 512, B = 2, one round")
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.T, args.batch, args.rounds = 512, [2], 1
+    if any(n < 1 for n in (*args.threads, *args.batch, args.rounds, args.T)):
+        p.error("--T, --batch, --threads and --rounds must be positive")
+    solve.chunk_map_ops = _maps
+    warnings.simplefilter("ignore")  # MGRIT() to the tolerance warns where it falls back
+    print(
+        f"# {cpu_name()}, {torch.get_num_threads()} threads at start; torch {torch.__version__}; "
+        f"float32; T = {args.T}; least (median) of {args.rounds} interleaved rounds"
+    )
+    print("| weights | B | solver | threads | pytorch maps ms | compiled ms | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    kinds = ["random"] + (["trained"] if args.checkpoint else [])
+    for weights in kinds:
+        for B in args.batch:
+            w = inputs = None
+            inp, hidden = 32, 64
+            if weights == "trained":
+                w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, args.T, B)
+            for solver in args.solvers:
+                step = record.training_step(args.T, B, inp, hidden, solver, None, 1, w, inputs)
+                times = measure(step, args.threads, args.rounds)
+                for n in args.threads:
+                    a, b = times[(n, False)], times[(n, True)]
+                    print(
+                        f"| {weights} | {B} | {solver} | {n} | {1e3 * min(a):.1f} "
+                        f"({1e3 * statistics.median(a):.1f}) | {1e3 * min(b):.1f} "
+                        f"({1e3 * statistics.median(b):.1f}) | {min(a) / min(b):.2f}x |"
+                    )
+                one, most = min(args.threads), max(args.threads)
+                if most > one:
+                    ratio = [min(times[(one, c)]) / min(times[(most, c)]) for c in (False, True)]
+                    print(
+                        f"| {weights} | {B} | {solver} | {most}t / {one}t | {ratio[0]:.2f}x | "
+                        f"{ratio[1]:.2f}x | |"
+                    )
+
+
+if __name__ == "__main__":
+    main()
