@@ -4,6 +4,7 @@ solve at the same thread count, with where the time went.
     python benchmarks/threads.py [--threads 1 2] [--batch 1 4 16 32] [--T 4096 16384 65536]
         [--solvers serial auto mgrit budget] [--weights random trained] [--checkpoint RUN]
         [--busy none loop] [--repeats 3] [--json FILE] [--dry-run] [--cell gru|lstm]
+        [--predict]
     python benchmarks/threads.py --sweeps [--threads 1 2] [--rows 4 8 16 64 256 1024 4096]
 
 Per (weights, T, B), every solver's training step (forward and backward of a per-step loss
@@ -23,6 +24,12 @@ checkpoint (``runs/trained-models/smnist/run`` by default, made by ``python
 benchmarks/trained_models.py``, or any ``mgrit-gru train`` run folder), its training sequences
 joined end to end up to T. ``--dry-run``: T = 512, B = 2, threads 1 and 2, one round (the test
 suite runs it).
+
+``--predict``: beside every row the projection's model of it (``mgrit-gru project
+--threads``: the step's trace replayed on this CPU's model, measured at the start of each
+(weights, T, B), at that thread count) and predicted / measured: the model's validation at
+the thread counts this machine has (GRU only; not with a busy neighbour, which the model
+does not know).
 
 ``--sweeps``: one compiled F-relaxation (forward and adjoint kinds, H = ``--hidden``, 64 steps)
 per row count, wall time per step at each thread count against the cost model's price at
@@ -119,6 +126,7 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
             for name in ("mgrit", "budget"):
                 if name in steps:
                     splits[(name, threads)] = timed_split(steps[name])
+    predicted = predict(steps, T, B, args) if args.predict and load == "none" else {}
     rows = []
     one = min(args.threads)
     for (name, threads), (took, cycles, kind) in sorted(best.items(), key=lambda kv: kv[0]):
@@ -142,9 +150,33 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
                 "cycles": cycles,
                 "by_mgrit": kind,
                 "split_ms": splits.get((name, threads)),
+                "predicted_ms": predicted.get((name, threads)),
             }
         )
     return rows
+
+
+def predict(steps: dict, T: int, B: int, args) -> dict:
+    """``{(solver, threads): ms}``: each step's trace (recorded at one thread) replayed on
+    this CPU's model (measured now, at batch ``B``) at each thread count, as ``mgrit-gru
+    project --threads`` does."""
+    import dataclasses
+
+    from mgrit_gru.projection import LINKS, Machine, expand, machines, replay
+
+    before = torch.get_num_threads()
+    try:
+        dev = machines.this_cpu(B, args.input, args.hidden)  # sets one thread itself
+        torch.set_num_threads(1)
+        out = {}
+        for name, step in steps.items():
+            trace, _ = record.record_step(step, False, False, steps=T, cfactor=T)
+            for threads in args.threads:
+                machine = Machine(dataclasses.replace(dev, threads=threads), LINKS["shm"])
+                out[(name, threads)] = round(1e3 * replay(expand(trace, 1), machine).seconds, 2)
+        return out
+    finally:
+        torch.set_num_threads(before)
 
 
 def sweeps(args) -> list[dict]:
@@ -197,11 +229,14 @@ def _fmt(r: dict) -> str:
     if r["split_ms"]:
         total = sum(r["split_ms"].values()) or 1.0
         split = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in r["split_ms"].items())
-    return (
+    line = (
         f"| {r['weights']} | {r['T']} | {r['B']} | {r['busy']} | {r['solver']} | {r['threads']} "
         f"| {r['ms']:.1f} | {r['speedup']:.2f}x | {r['efficiency']:.2f} | {vs} | {w} "
         f"| {r['cycles']} | {r['by_mgrit']} | {split} |"
     )
+    if r.get("predicted_ms") is not None:
+        line += f" {r['predicted_ms']:.1f} | {r['predicted_ms'] / r['ms']:.2f} |"
+    return line
 
 
 HEADER = (
@@ -233,9 +268,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument(
+        "--predict", action="store_true", help="the projection's model beside every row (GRU)"
+    )
     p.add_argument("--sweeps", action="store_true", help="time compiled sweeps, not steps")
     p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 64, 256, 1024, 4096])
     args = p.parse_args()
+    if args.cell == "lstm" and args.predict:
+        p.error("--predict models the GRU's step: not with --cell lstm")
     if args.cell == "lstm" and args.sweeps:
         p.error("--sweeps times the GRU's compiled sweeps: not with --cell lstm")
     if args.cell == "lstm" and args.weights and "trained" in args.weights:
@@ -273,7 +313,10 @@ def main() -> int:
         f"# {args.cell.upper()}; {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; "
         f"float32; threads {args.threads}; least of {args.repeats} interleaved rounds"
     )
-    print(HEADER)
+    if args.predict:
+        print(HEADER.replace(" |\n", " | model ms | model / measured |\n") + "---|---|")
+    else:
+        print(HEADER)
     rows = []
     for w in weights:
         for T in args.T:

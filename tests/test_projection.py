@@ -236,6 +236,11 @@ def test_threads_share_the_sweeps_rows_and_the_passes():
     assert two.cost_us(serial) == TOY.cost_us(serial)
     assert two.cost_us(bulk)[1] == pytest.approx(100.0 + 2.0 * 65536 / share)
     assert two.cost_us(ops) == TOY.cost_us(ops)
+    # a sweep's measured extra beyond the calibrated step: per call the host's (one thread),
+    # per row its rows' own, shared with them; a serial sweep has none
+    windowed = dataclasses.replace(two, windows={"sweep": (3.0, 0.5)})
+    assert windowed.cost_us(wide)[1] == pytest.approx(63 * (10.0 + 3.0 + 1.5 * 1024 / share))
+    assert windowed.cost_us(serial) == two.cost_us(serial)
 
 
 def test_cli_project_threads(capsys):
@@ -274,8 +279,9 @@ def test_threads_benchmark_dry_run(cell, tmp_path):
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "rows.json"
     argv = [sys.executable, "benchmarks/threads.py", "--dry-run", "--cell", cell]
+    predict = ["--predict"] if cell == "gru" else []  # the model beside each row (the GRU's)
     run = subprocess.run(
-        [*argv, "--solvers", "serial", "mgrit", "--json", str(out)],
+        [*argv, "--solvers", "serial", "mgrit", "--json", str(out), *predict],
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
@@ -287,12 +293,14 @@ def test_threads_benchmark_dry_run(cell, tmp_path):
     for r in rows:
         assert r["ms"] > 0 and r["W"] > 0 and r["vs_serial"] > 0
         assert (r["split_ms"] is not None) == (r["solver"] == "mgrit")
+        assert (r["predicted_ms"] is not None and r["predicted_ms"] > 0) == (cell == "gru")
     if cell == "lstm":
         bad = subprocess.run(
             [*argv, "--weights", "trained"], capture_output=True, text=True, cwd=root, timeout=120
         )
         assert bad.returncode == 2 and "random weights" in bad.stderr
-        bad = subprocess.run(
-            [*argv, "--sweeps"], capture_output=True, text=True, cwd=root, timeout=120
-        )
-        assert bad.returncode == 2 and "not with --cell lstm" in bad.stderr
+        for flag in ("--sweeps", "--predict"):
+            bad = subprocess.run(
+                [*argv, flag], capture_output=True, text=True, cwd=root, timeout=120
+            )
+            assert bad.returncode == 2 and "not with --cell lstm" in bad.stderr

@@ -19,8 +19,10 @@ from .replay import expand, replay
 VALIDATION = {
     "cpu": "CPU model: predicted/measured 1.04-1.09 at one rank, 0.89-0.94 at two on this "
     "project's 2-core AMD EPYC (the compiled sweeps; T = 16384, random and trained weights; "
-    "benchmarks/scaling.py --ranks 1 2, 2026-12-06), 1.01-1.36 at one process's 1-2 threads "
-    "(benchmarks/threads.py); 8-64 threads: an upper bound (memory bandwidth not modelled)",
+    "benchmarks/scaling.py --ranks 1 2, 2026-12-06), 0.91-1.71 at one process's 1-2 threads "
+    "on a 2-core Intel Xeon (benchmarks/threads.py --predict, 2026-12-06; the model slow, "
+    "its two-thread gain below the measured); 8-64 threads: an upper bound (memory bandwidth "
+    "not modelled)",
     "cuda": "H200 model: predicted/measured 1.00-1.31 on the held-out T = 16384-65536 of its "
     "calibration lease, 0.80-1.63 over all 10 steps of it, 1.19-1.58 on another lease's "
     "(2026-12-04; benchmarks/gpu_validation.py)",

@@ -140,7 +140,8 @@ class Device:
     source: str = ""
     # one process on this many threads (cores): the compiled sweeps' rows priced in the
     # kernels' blocks (cost.thread_share), the passes over the slice at THREAD_EFFICIENCY a
-    # thread (see bulk_share); operators and the host's windows on one thread
+    # thread (see bulk_share); a sweep's measured per-row extra with its rows; operators and
+    # the host's other windows on one thread
     threads: int = 1
 
     def bulk_share(self) -> float:
@@ -171,12 +172,17 @@ class Device:
                     raise ValueError(f"{self.name}: its model needs a trace with counted operators")
                 return cat, self._ops(e.ops, e.views) + self._stream(e.rows * e.calls * scale)
             o, c = self.steps[kind]
-            # the host's work around an MGRIT sweep's steps (exit checks, views); a serial
-            # sweep runs the calibrated loop alone
+            # what an MGRIT sweep's steps cost beyond the calibrated step, measured: per call
+            # the host's (views, the exit checks' launches), per row the rows' own (the
+            # kernel's streams through whole-sequence buffers, which a calibration's small
+            # ones do not have, and the exit checks' elementwise operators over the same
+            # rows); a serial sweep runs the calibrated loop alone
             xo, xc = (0.0, 0.0) if e.level == tr.SERIAL else self.windows.get(kind, (0.0, 0.0))
-            # an event holds a sweep's calls: its step count is at most that
+            # an event holds a sweep's calls: its step count is at most that. The per-row
+            # part spreads over the threads with the rows (until 2026-12-06 only the
+            # calibrated part did: at two threads the model was a quarter slow for MGRIT)
             share = cost.thread_share(kind, e.rows, e.calls, e.hidden or 64, self.threads)
-            return cat, e.calls * (o + xo + (c / share + xc) * e.rows * scale)
+            return cat, e.calls * (o + xo + (c + xc) / share * e.rows * scale)
         if e.what == tr.BULK:
             if e.kind in self.bulk:
                 o, c = self.bulk[e.kind]
