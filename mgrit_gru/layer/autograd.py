@@ -166,14 +166,16 @@ def _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads) -> None:
     """Steps ``k0 .. k1 - 1``' share of the gradients from their gate gradients ``(k1 - k0,
     B, G)``: ``d_x`` written, ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` accumulated."""
     I, G, H = x.shape[-1], d_gx.shape[-1], grads[1].shape[1]
+    same = d_gh is d_gx  # one tensor (an LSTM's): its column sums serve both biases
     d_gx, d_gh = d_gx.reshape(-1, G), d_gh.reshape(-1, G)
     d_w_ih, d_w_hh, d_b_ih, d_b_hh = grads
     if d_x is not None:
         torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
     d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
     d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
-    d_b_ih += d_gx.sum(0)
-    d_b_hh += d_gh.sum(0)
+    sums = d_gx.sum(0)
+    d_b_ih += sums
+    d_b_hh += sums if same else d_gh.sum(0)
 
 
 def _gate_gemms(d_gx, d_gh, d_h0, x, w_ih, points, H: int, need_x: bool) -> tuple:
@@ -187,7 +189,10 @@ def _gate_gemms(d_gx, d_gh, d_h0, x, w_ih, points, H: int, need_x: bool) -> tupl
     d_x = torch.mm(rows_gx, w_ih).view(T, B, I) if need_x else None
     d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
     d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
-    return d_x, d_h0, d_w_ih, d_w_hh, rows_gx.sum(0), rows_gh.sum(0)
+    d_b_ih = rows_gx.sum(0)
+    # one tensor (an LSTM's): one pass over its T B rows for both biases (each its own copy)
+    d_b_hh = d_b_ih.clone() if d_gh is d_gx else rows_gh.sum(0)
+    return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
 
 
 def _differentiable_backward(ctx, d_y, d_hn):
