@@ -428,6 +428,20 @@ def test_lstm_whole_sequence_passes_equal_the_cells_pytorch_code():
         assert torch.equal(got, other)
 
 
+def test_bias_sums_benchmark_dry_run():
+    """benchmarks/bias_sums.py end to end on a tiny shape: a row per thread count, both ways."""
+    if kernels.load() is None:
+        pytest.skip(f"no compiled kernels here: {kernels.error()}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        [sys.executable, "benchmarks/bias_sums.py", "--dry-run"],
+        capture_output=True, text=True, cwd=root, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows), run.stdout
+
+
 def test_coarse_maps_benchmark_dry_run():
     """benchmarks/coarse_maps.py end to end on a tiny shape: a row per solver and thread count
     with both ways' times, and the threads' ratio row."""

@@ -319,9 +319,14 @@ class GRUCell:
         d_gh = workspace.buffer("bwd.d_gh", (T, B, 3 * H), points)
         lam0 = points.new_empty((B, H))
         implicit = self.kind == "implicit"
-        run = _triton().serial_adjoint if kernel.name == "triton" else kernel.gru_serial_adjoint
-        run(points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
-        return d_gx, d_gh, lam0
+        args = (points, kept, d_out, d_last, dt, implicit, w_hh, d_gx, d_gh, lam0)
+        if kernel.name == "triton":
+            _triton().serial_adjoint(*args)
+            return d_gx, d_gh, lam0, None
+        # the C++ sweep sums the biases' gradients as it writes the rows
+        sums = (points.new_empty(3 * H), points.new_empty(3 * H))
+        kernel.gru_serial_adjoint(*args, *sums)
+        return d_gx, d_gh, lam0, sums
 
     def compiled_passes(self, kernel) -> bool:
         return hasattr(kernel, "gru_coefficients")  # the C++ module's; not the Triton token

@@ -185,11 +185,16 @@ static inline void coefficients(const T* __restrict h, const T* __restrict r, co
 // state points[k] (mgrit_gru/gru/cell.py's _coefficients and gate_grads, fused):
 //   d_gh[k] = [C_r, C_z, C_n] lam_{k+1},  d_gx[k] = [C_r, C_z, A_n] lam_{k+1},
 //   lam_k = D lam_{k+1} + d_gh[k] @ W_hh + d_out[k - 1]   (k >= 1; no forcing at k = 0).
-// dt (T, B) per step and sequence (0: identity), or absent. Returns lam_0 (B, H).
+// dt (T, B) per step and sequence (0: identity), or absent. Returns lam_0 (B, H); with db_ih
+// and db_hh (3H each), also the biases' gradients, the sums of d_gx and d_gh over all T x B
+// rows, taken while the rows are in cache (a pass over 2 x T x B x 3H numbers less
+// afterwards): in double per sequence, then over the sequences in order (the same at any
+// thread count).
 template <typename T>
 static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, const Tensor& d_out,
                                     const Tensor& d_last, const Tensor& dt, bool implicit, const Tensor& w_hh,
-                                    Tensor& d_gx, Tensor& d_gh, Tensor& lam0) {
+                                    Tensor& d_gx, Tensor& d_gh, Tensor& lam0, const Tensor& db_ih,
+                                    const Tensor& db_hh) {
   const int64_t Tn = kept.size(0), B = kept.size(1), H = w_hh.size(1);
   const Tensor w = w_hh.contiguous();  // (3H, H)
   const Panels<T> panels(w.data_ptr<T>(), 3 * H, H);
@@ -203,6 +208,9 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
   T* GH = d_gh.data_ptr<T>();
   std::vector<T*> ptrs(B);
   const Tensor rows = d_gh.view({Tn * B, 3 * H});
+  const bool sums = db_ih.defined();
+  // per sequence: the sums of d_gx's 3H columns, then of d_gh's last H (its first 2H are d_gx's)
+  std::vector<double> acc(sums ? B * 4 * H : 0, 0.0);
   over_blocks(B, B * Tn * H, [&](int64_t b0, int64_t b1) {
     std::vector<T> scratch(4 * H);
     for (int64_t k = Tn - 1; k >= 0; --k) {
@@ -227,6 +235,13 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
           gh[2 * H + j] = An[j] * r[j] * lj;
           gx[2 * H + j] = An[j] * lj;
         }
+        if (sums) {
+          double* __restrict a = acc.data() + b * 4 * H;
+#pragma omp simd
+          for (int64_t j = 0; j < 3 * H; ++j) a[j] += gx[j];
+#pragma omp simd
+          for (int64_t j = 0; j < H; ++j) a[3 * H + j] += gh[2 * H + j];
+        }
         T* nb = N + b * H;
         for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
         ptrs[b] = gh;
@@ -237,15 +252,31 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
     }
   });
   lam0.copy_(state.lam);
+  if (sums) {
+    T* bx = db_ih.data_ptr<T>();
+    T* bh = db_hh.data_ptr<T>();
+    for (int64_t j = 0; j < 4 * H; ++j) {
+      double total = 0.0;
+      for (int64_t b = 0; b < B; ++b) total += acc[b * 4 * H + j];
+      if (j < 3 * H) bx[j] = static_cast<T>(total);
+      if (j < 2 * H) bh[j] = static_cast<T>(total);
+      if (j >= 3 * H) bh[j - H] = static_cast<T>(total);
+    }
+  }
 }
 
 void gru_serial_adjoint(const Tensor& points, const Tensor& kept, const Tensor& d_out, const Tensor& d_last,
                         const c10::optional<Tensor>& dt, bool implicit, const Tensor& w_hh, Tensor d_gx, Tensor d_gh,
-                        Tensor lam0) {
-  check_contiguous({points, kept, d_out, d_last, opt(dt), w_hh, d_gx, d_gh, lam0}, points, "gru_serial_adjoint");
+                        Tensor lam0, const c10::optional<Tensor>& db_ih, const c10::optional<Tensor>& db_hh) {
+  check_contiguous({points, kept, d_out, d_last, opt(dt), w_hh, d_gx, d_gh, lam0, opt(db_ih), opt(db_hh)}, points,
+                   "gru_serial_adjoint");
+  TORCH_CHECK(db_ih.has_value() == db_hh.has_value(), "gru_serial_adjoint: db_ih and db_hh come together");
+  TORCH_CHECK(!db_ih.has_value() || (db_ih->numel() == 3 * w_hh.size(1) && db_hh->numel() == 3 * w_hh.size(1)),
+              "gru_serial_adjoint: db_ih and db_hh (3H)");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(points.scalar_type(), "gru_serial_adjoint", [&] {
-    gru_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt(dt), implicit, w_hh, d_gx, d_gh, lam0);
+    gru_serial_adjoint_impl<scalar_t>(points, kept, d_out, d_last, opt(dt), implicit, w_hh, d_gx, d_gh, lam0,
+                                      opt(db_ih), opt(db_hh));
   });
 }
 

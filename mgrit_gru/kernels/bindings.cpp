@@ -17,7 +17,8 @@ void lstm_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, con
                   const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
 void gru_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
                         const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, bool implicit,
-                        const at::Tensor& w_hh, at::Tensor d_gx, at::Tensor d_gh, at::Tensor lam0);
+                        const at::Tensor& w_hh, at::Tensor d_gx, at::Tensor d_gh, at::Tensor lam0,
+                        const c10::optional<at::Tensor>& db_ih, const c10::optional<at::Tensor>& db_hh);
 void lstm_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
                          const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, const at::Tensor& w_hh,
                          at::Tensor d, at::Tensor lam0);
@@ -37,7 +38,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gru_adjoint", &mgrit::gru_adjoint);
   m.def("lstm_forward", &mgrit::lstm_forward);
   m.def("lstm_adjoint", &mgrit::lstm_adjoint);
-  m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint);
+  m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint, "", pybind11::arg("points"), pybind11::arg("kept"),
+        pybind11::arg("d_out"), pybind11::arg("d_last"), pybind11::arg("dt"), pybind11::arg("implicit"),
+        pybind11::arg("w_hh"), pybind11::arg("d_gx"), pybind11::arg("d_gh"), pybind11::arg("lam0"),
+        pybind11::arg("db_ih") = pybind11::none(), pybind11::arg("db_hh") = pybind11::none());
   m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
   m.def("gru_coefficients", &mgrit::gru_coefficients);
   m.def("gru_gate_grads", &mgrit::gru_gate_grads);

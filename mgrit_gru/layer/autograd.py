@@ -178,17 +178,19 @@ def _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads) -> None:
     d_b_hh += sums if same else d_gh.sum(0)
 
 
-def _gate_gemms(d_gx, d_gh, d_h0, x, w_ih, points, H: int, need_x: bool) -> tuple:
+def _gate_gemms(d_gx, d_gh, d_h0, sums, x, w_ih, points, H: int, need_x: bool) -> tuple:
     """``(dx, du0, dW_ih, dW_hh, db_ih, db_hh)`` from every step's gate pre-activation
     gradients ``d_gx`` (of ``W_ih x + b_ih``) and ``d_gh`` (of ``W_hh h + b_hh``) ``(T, B,
     G)``, all at once: the GEMMs of :func:`_gradients` over all ``T B`` rows (``dx`` only
-    where it is needed)."""
+    where it is needed); ``sums``: the biases' gradients where the kernel took them."""
     T, B, I = x.shape
     G = d_gx.shape[-1]
     rows_gx, rows_gh = d_gx.reshape(T * B, G), d_gh.reshape(T * B, G)
     d_x = torch.mm(rows_gx, w_ih).view(T, B, I) if need_x else None
     d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
     d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
+    if sums is not None:
+        return d_x, d_h0, d_w_ih, d_w_hh, *sums
     d_b_ih = rows_gx.sum(0)
     # one tensor (an LSTM's): one pass over its T B rows for both biases (each its own copy)
     d_b_hh = d_b_ih.clone() if d_gh is d_gx else rows_gh.sum(0)

@@ -88,9 +88,10 @@ class Cell(Protocol):
         """The serial adjoint in one compiled call (as :meth:`kernel_forward`) from the
         forward's ``points`` ``(T + 1, B, state * H)`` and kept gates ``(T, B, kept * H)``,
         ``dt`` ``(T, B)`` or None, the gradients ``d_out`` ``(T, B, state * H)`` of the states
-        after every step and ``d_last`` of the last: ``(d_gx, d_gh, du0)``, the gate
+        after every step and ``d_last`` of the last: ``(d_gx, d_gh, du0, sums)``, the gate
         pre-activations' gradients of every step ``(T, B, gates * H)`` (of the input side, of
-        ``W_hh h + b_hh``)."""
+        ``W_hh h + b_hh``), and ``sums`` ``(db_ih, db_hh)``, their sums over the ``T B`` rows
+        (the biases' gradients) where the kernel took them, else None."""
 
     # optional, the whole-sequence passes around MGRIT's adjoint sweeps in one compiled call
     # each, where compiled_passes(kernel) is True (absent or False: the PyTorch code per block):

@@ -847,8 +847,9 @@ class Adjoint:
     stats: SolveStats
     # torch's kernel solved it: (dx, du0, dW_ih, dW_hh, db_ih, db_hh) instead of lam
     grads: Optional[tuple] = None
-    # a compiled serial adjoint solved it: (d_gx, d_gh, du0), the gradients of every step's
-    # gate pre-activations (T, B, gates * H) (work buffers) instead of lam
+    # a compiled serial adjoint solved it: (d_gx, d_gh, du0, sums), the gradients of every
+    # step's gate pre-activations (T, B, gates * H) (work buffers) instead of lam, and the
+    # biases' gradients (db_ih, db_hh) where the kernel summed them (else None)
     gates: Optional[tuple] = None
 
     def blocks(self, T: int, B: int):

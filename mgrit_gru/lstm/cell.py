@@ -426,7 +426,7 @@ class LSTMCell:
         lam0 = points.new_empty((B, 2 * H))
         run = _triton().serial_adjoint if kernel.name == "triton" else kernel.lstm_serial_adjoint
         run(points, kept, d_out, d_last, dt, w_hh, d, lam0)
-        return d, d, lam0  # both biases and weights see the same pre-activations
+        return d, d, lam0, None  # both biases and weights see the same pre-activations
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)
