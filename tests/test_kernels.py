@@ -357,7 +357,8 @@ def test_the_sweeps_open_parallel_regions_in_torchs_openmp_runtime():
 @pytest.mark.parametrize("implicit", [False, True])
 def test_whole_sequence_passes_equal_the_cells_pytorch_code(implicit):
     """The compiled passes around MGRIT's adjoint sweeps (the GRU's coefficients from its kept
-    gates, written in reversed time, and the gate gradients from the reversed adjoint) equal
+    gates, written in reversed time, and the gate gradients from the reversed adjoint, with
+    their sums over the rows: the biases' gradients) equal
     the cell's PyTorch functions they replace, float64, with step sizes of 0 (lengths) and 1,
     states read from a strided view; bit for bit at 1 and 2 threads."""
     module = kernels.load()
@@ -384,11 +385,13 @@ def test_whole_sequence_passes_equal_the_cells_pytorch_code(implicit):
             A_n = torch.empty(T, B, H, **dt64)
             module.gru_coefficients(points[:T], kept, dt, implicit, D, C, A_n)
             d_gx, d_gh = torch.empty(T, B, 3 * H, **dt64), torch.empty(T, B, 3 * H, **dt64)
-            module.gru_gate_grads(lam_rev, C, A_n, d_gx, d_gh)
-            runs.append((D, C, A_n, d_gx, d_gh))
+            sums = torch.empty(3 * H, **dt64), torch.empty(3 * H, **dt64)  # the biases'
+            module.gru_gate_grads(lam_rev, C, A_n, d_gx, d_gh, *sums)
+            runs.append((D, C, A_n, d_gx, d_gh, *sums))
     finally:
         torch.set_num_threads(before)
     expected = (ref.D.flip(0), ref.C.flip(0), ref.A_n, d_gx_ref, d_gh_ref)
+    expected += (d_gx_ref.sum((0, 1)), d_gh_ref.sum((0, 1)))
     for got, want, other in zip(runs[0], expected, runs[1]):
         assert (got - want).abs().max() <= 1e-13
         assert torch.equal(got, other)

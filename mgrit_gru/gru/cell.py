@@ -336,8 +336,9 @@ class GRUCell:
 
     def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, buffer) -> tuple:
         d_gx, d_gh = buffer("bwd.d_gx"), buffer("bwd.d_gh")
-        kernel.gru_gate_grads(lam_rev, C_rev, extra, d_gx, d_gh)
-        return d_gx, d_gh
+        sums = (d_gx.new_empty(d_gx.shape[-1]), d_gx.new_empty(d_gx.shape[-1]))  # the biases'
+        kernel.gru_gate_grads(lam_rev, C_rev, extra, d_gx, d_gh, *sums)
+        return d_gx, d_gh, sums
 
     def fused_forward(self, x, u0, w_ih, w_hh, b_ih, b_hh) -> Optional[Tensor]:
         return fused_forward(x, u0, w_ih, w_hh, b_ih, b_hh)

@@ -316,30 +316,59 @@ static void gru_coefficients_impl(const Tensor& points, const Tensor& kept, cons
 // The gate pre-activations' gradients of steps k = 0 .. T - 1 from the adjoint in reversed
 // time (lam_{k+1} = lam_rev[T - 1 - k], (T, B, H) or longer) and the coefficients as
 // gru_coefficients wrote them: d_gh[k] = [C_r, C_z, C_n] lam_{k+1}, d_gx[k] = [C_r, C_z, A_n]
-// lam_{k+1}, both (T, B, 3H) in forward order.
+// lam_{k+1}, both (T, B, 3H) in forward order. With db_ih and db_hh (3H each): the biases'
+// gradients of these steps, d_gx's and d_gh's sums over their T x B rows, taken as the rows are
+// written: in double per block of steps, then over the blocks in order (the blocks depend on T
+// alone: the same at any thread count).
 template <typename T>
 static void gru_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, const Tensor& A_n, Tensor& d_gx,
-                                Tensor& d_gh) {
+                                Tensor& d_gh, const Tensor& db_ih, const Tensor& db_hh) {
   const int64_t Tn = d_gx.size(0), B = d_gx.size(1), H = d_gx.size(2) / 3;
   const View<T> vl(lam_rev.unsqueeze(1));
   const T* Cp = C_rev.data_ptr<T>();
   const T* Ap = A_n.data_ptr<T>();
   T* GX = d_gx.data_ptr<T>();
   T* GH = d_gh.data_ptr<T>();
-  over_steps<T>(Tn, B, H, [&](int64_t k, int64_t back, int64_t b, T*) {
-    const T* __restrict l = vl.row(back, b);
-    const T* __restrict c = Cp + (back * B + b) * 3 * H;
-    const T* __restrict a = Ap + (k * B + b) * H;
-    T* __restrict gx = GX + (k * B + b) * 3 * H;
-    T* __restrict gh = GH + (k * B + b) * 3 * H;
+  const bool sums = db_ih.defined();
+  // by a block's first step: the sums of its d_gx's 3H columns, then of d_gh's last H
+  std::vector<std::vector<double>> partial(sums ? Tn : 0);
+  over_blocks(Tn, Tn * B * H, [&](int64_t k0, int64_t k1) {
+    std::vector<double> acc(sums ? 4 * H : 0, 0.0);
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t back = Tn - 1 - k;
+      for (int64_t b = 0; b < B; ++b) {
+        const T* __restrict l = vl.row(back, b);
+        const T* __restrict c = Cp + (back * B + b) * 3 * H;
+        const T* __restrict a = Ap + (k * B + b) * H;
+        T* __restrict gx = GX + (k * B + b) * 3 * H;
+        T* __restrict gh = GH + (k * B + b) * 3 * H;
 #pragma omp simd
-    for (int64_t j = 0; j < H; ++j) {
-      gh[j] = gx[j] = c[j] * l[j];
-      gh[H + j] = gx[H + j] = c[H + j] * l[j];
-      gh[2 * H + j] = c[2 * H + j] * l[j];
-      gx[2 * H + j] = a[j] * l[j];
+        for (int64_t j = 0; j < H; ++j) {
+          gh[j] = gx[j] = c[j] * l[j];
+          gh[H + j] = gx[H + j] = c[H + j] * l[j];
+          gh[2 * H + j] = c[2 * H + j] * l[j];
+          gx[2 * H + j] = a[j] * l[j];
+        }
+        if (sums) {
+          double* __restrict s = acc.data();
+#pragma omp simd
+          for (int64_t j = 0; j < 3 * H; ++j) s[j] += gx[j];
+#pragma omp simd
+          for (int64_t j = 0; j < H; ++j) s[3 * H + j] += gh[2 * H + j];
+        }
+      }
     }
+    if (sums) partial[k0] = std::move(acc);
   });
+  if (!sums) return;
+  std::vector<double> total(4 * H, 0.0);
+  for (const auto& block : partial)
+    for (size_t j = 0; j < block.size(); ++j) total[j] += block[j];
+  T* bx = db_ih.data_ptr<T>();
+  T* bh = db_hh.data_ptr<T>();
+  for (int64_t j = 0; j < 3 * H; ++j) bx[j] = static_cast<T>(total[j]);
+  for (int64_t j = 0; j < 2 * H; ++j) bh[j] = static_cast<T>(total[j]);
+  for (int64_t j = 0; j < H; ++j) bh[2 * H + j] = static_cast<T>(total[3 * H + j]);
 }
 
 void gru_coefficients(const Tensor& points, const Tensor& kept, const c10::optional<Tensor>& dt, bool implicit,
@@ -357,16 +386,20 @@ void gru_coefficients(const Tensor& points, const Tensor& kept, const c10::optio
   });
 }
 
-void gru_gate_grads(const Tensor& lam_rev, const Tensor& C_rev, const Tensor& A_n, Tensor d_gx, Tensor d_gh) {
+void gru_gate_grads(const Tensor& lam_rev, const Tensor& C_rev, const Tensor& A_n, Tensor d_gx, Tensor d_gh,
+                    const c10::optional<Tensor>& db_ih, const c10::optional<Tensor>& db_hh) {
   const int64_t Tn = d_gx.size(0), B = d_gx.size(1), H = d_gx.size(2) / 3;
   TORCH_CHECK(lam_rev.dim() == 3 && lam_rev.size(0) >= Tn && lam_rev.size(1) == B && lam_rev.size(2) == H,
               "gru_gate_grads: lam_rev (>= T, B, H)");
-  check_contiguous({C_rev, A_n, d_gx, d_gh}, lam_rev, "gru_gate_grads");
+  check_contiguous({C_rev, A_n, d_gx, d_gh, opt(db_ih), opt(db_hh)}, lam_rev, "gru_gate_grads");
+  TORCH_CHECK(db_ih.has_value() == db_hh.has_value() &&
+                  (!db_ih.has_value() || (db_ih->numel() == 3 * H && db_hh->numel() == 3 * H)),
+              "gru_gate_grads: db_ih and db_hh (3H) come together");
   TORCH_CHECK(C_rev.numel() == Tn * B * 3 * H && A_n.numel() == Tn * B * H && d_gh.numel() == Tn * B * 3 * H,
               "gru_gate_grads: C (T, B, 3H), A_n (T, B, H), d_gx and d_gh (T, B, 3H)");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(lam_rev.scalar_type(), "gru_gate_grads", [&] {
-    gru_gate_grads_impl<scalar_t>(lam_rev, C_rev, A_n, d_gx, d_gh);
+    gru_gate_grads_impl<scalar_t>(lam_rev, C_rev, A_n, d_gx, d_gh, opt(db_ih), opt(db_hh));
   });
 }
 

@@ -25,7 +25,7 @@ void lstm_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const
 void gru_coefficients(const at::Tensor& points, const at::Tensor& kept, const c10::optional<at::Tensor>& dt,
                       bool implicit, at::Tensor D_rev, at::Tensor C_rev, const c10::optional<at::Tensor>& A_n);
 void gru_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, const at::Tensor& A_n, at::Tensor d_gx,
-                    at::Tensor d_gh);
+                    at::Tensor d_gh, const c10::optional<at::Tensor>& db_ih, const c10::optional<at::Tensor>& db_hh);
 void lstm_coefficients(const at::Tensor& points, const at::Tensor& kept, const c10::optional<at::Tensor>& dt,
                        at::Tensor D_rev, at::Tensor C_rev);
 void lstm_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, at::Tensor d);
@@ -44,7 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("db_ih") = pybind11::none(), pybind11::arg("db_hh") = pybind11::none());
   m.def("lstm_serial_adjoint", &mgrit::lstm_serial_adjoint);
   m.def("gru_coefficients", &mgrit::gru_coefficients);
-  m.def("gru_gate_grads", &mgrit::gru_gate_grads);
+  m.def("gru_gate_grads", &mgrit::gru_gate_grads, "", pybind11::arg("lam_rev"), pybind11::arg("C_rev"),
+        pybind11::arg("A_n"), pybind11::arg("d_gx"), pybind11::arg("d_gh"), pybind11::arg("db_ih") = pybind11::none(),
+        pybind11::arg("db_hh") = pybind11::none());
   m.def("lstm_coefficients", &mgrit::lstm_coefficients);
   m.def("lstm_gate_grads", &mgrit::lstm_gate_grads);
   m.def("map_sweep", &mgrit::map_sweep);  // the coarse levels' chunk maps (core/coarse_cpu.cpp)

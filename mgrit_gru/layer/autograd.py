@@ -127,7 +127,7 @@ def _gradients(adj, x, w_ih, w_hh, points, cell, comm, need_x: bool) -> tuple:
             shape = (*C.shape[:-1], w_hh.shape[0])
             out = [workspace.buffer(f"bwd.block {name}", shape, C) for name in ("d_gx", "d_gh")]
             d_gx, d_gh = cell.gate_grads(lam, C, extra, out)
-            _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads)
+            _block_gemms(d_gx, d_gh, None, k0, k1, x, w_ih, points, d_x, grads)
     d_h0 = adj.lam_rev[T].clone()
     if not comm.first:  # parameters and h0 are shared by the time slices
         d_h0.zero_()
@@ -157,14 +157,15 @@ def _compiled_gradients(adj, cell, x, w_ih, points, d_x, grads) -> bool:
         def buffer(name: str, rows: int = k1 - k0) -> Tensor:
             return workspace.buffer(name, (rows, B, G), C_rev)
 
-        d_gx, d_gh = cell.kernel_gate_grads(kernel, lam, C, extra, buffer)
-        _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads)
+        d_gx, d_gh, sums = cell.kernel_gate_grads(kernel, lam, C, extra, buffer)
+        _block_gemms(d_gx, d_gh, sums, k0, k1, x, w_ih, points, d_x, grads)
     return True
 
 
-def _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads) -> None:
+def _block_gemms(d_gx, d_gh, sums, k0, k1, x, w_ih, points, d_x, grads) -> None:
     """Steps ``k0 .. k1 - 1``' share of the gradients from their gate gradients ``(k1 - k0,
-    B, G)``: ``d_x`` written, ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` accumulated."""
+    B, G)``: ``d_x`` written, ``grads`` ``(dW_ih, dW_hh, db_ih, db_hh)`` accumulated;
+    ``sums``: the biases' share where the kernel took it (else summed here)."""
     I, G, H = x.shape[-1], d_gx.shape[-1], grads[1].shape[1]
     same = d_gh is d_gx  # one tensor (an LSTM's): its column sums serve both biases
     d_gx, d_gh = d_gx.reshape(-1, G), d_gh.reshape(-1, G)
@@ -173,9 +174,13 @@ def _block_gemms(d_gx, d_gh, k0, k1, x, w_ih, points, d_x, grads) -> None:
         torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
     d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
     d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
-    sums = d_gx.sum(0)
-    d_b_ih += sums
-    d_b_hh += sums if same else d_gh.sum(0)
+    if sums is not None:
+        d_b_ih += sums[0]
+        d_b_hh += sums[1]
+        return
+    total = d_gx.sum(0)
+    d_b_ih += total
+    d_b_hh += total if same else d_gh.sum(0)
 
 
 def _gate_gemms(d_gx, d_gh, d_h0, sums, x, w_ih, points, H: int, need_x: bool) -> tuple:

@@ -99,10 +99,11 @@ class Cell(Protocol):
     # kernel_coefficients(kernel, points, kept, dt, D, C, extra) -> None
     #     linearise_kept of steps k = 0 .. T - 1 (points (T, B, .), kept gates, dt (T, B) or
     #     None) written in reversed time: D[T - 1 - k], C[T - 1 - k]; extra[k] forward.
-    # kernel_gate_grads(kernel, lam_rev, C_rev, extra, buffer) -> (d_gx, d_gh)
+    # kernel_gate_grads(kernel, lam_rev, C_rev, extra, buffer) -> (d_gx, d_gh, sums)
     #     gate_grads of steps k = 0 .. T - 1 from lam_{k+1} = lam_rev[T - 1 - k] and the
     #     coefficients as kernel_coefficients wrote them, (T, B, gates * H) each, written into
-    #     buffer(name)'s work buffers (one for both where they are the same, as the LSTM's).
+    #     buffer(name)'s work buffers (one for both where they are the same, as the LSTM's);
+    #     sums: their sums over the T B rows (db_ih, db_hh) where the kernel took them, or None.
 
     def linearise(self, u, gx, w_hh, rb, dt=None, out_C=None) -> Linearisation: ...
 

@@ -418,7 +418,7 @@ class LSTMCell:
     def kernel_gate_grads(self, kernel, lam_rev, C_rev, extra, buffer) -> tuple:
         d = buffer("bwd.d_gx")
         kernel.lstm_gate_grads(lam_rev, C_rev, d)
-        return d, d  # both biases and weights see the same pre-activations
+        return d, d, None  # both biases and weights see the same pre-activations
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]
