@@ -180,6 +180,26 @@ static inline void coefficients(const T* __restrict h, const T* __restrict r, co
   for (int64_t j = 0; j < H; ++j) Cr[j] = An[j] * ghn[j] * r[j] * (T(1) - r[j]);
 }
 
+// The biases' gradients are the sums of d_gx and d_gh over their rows; d_gh's first 2H columns
+// are d_gx's. add_bias_row adds one row into acc (4H doubles: d_gx's 3H, then d_gh's last H);
+// store_bias writes such sums as db_ih and db_hh (3H each).
+template <typename T>
+static inline void add_bias_row(double* __restrict acc, const T* __restrict gx, const T* __restrict gh, int64_t H) {
+#pragma omp simd
+  for (int64_t j = 0; j < 3 * H; ++j) acc[j] += gx[j];
+#pragma omp simd
+  for (int64_t j = 0; j < H; ++j) acc[3 * H + j] += gh[2 * H + j];
+}
+
+template <typename T>
+static void store_bias(const std::vector<double>& total, const Tensor& db_ih, const Tensor& db_hh, int64_t H) {
+  T* bx = db_ih.data_ptr<T>();
+  T* bh = db_hh.data_ptr<T>();
+  for (int64_t j = 0; j < 3 * H; ++j) bx[j] = static_cast<T>(total[j]);
+  for (int64_t j = 0; j < 2 * H; ++j) bh[j] = static_cast<T>(total[j]);
+  for (int64_t j = 0; j < H; ++j) bh[2 * H + j] = static_cast<T>(total[3 * H + j]);
+}
+
 // The serial adjoint in one call, with the gate gradients: from lam_T = d_out[T - 1] + d_last
 // back to lam_0, step k linearised from the forward's kept gates [r, z, n, gh_n] and its
 // state points[k] (mgrit_gru/gru/cell.py's _coefficients and gate_grads, fused):
@@ -235,13 +255,7 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
           gh[2 * H + j] = An[j] * r[j] * lj;
           gx[2 * H + j] = An[j] * lj;
         }
-        if (sums) {
-          double* __restrict a = acc.data() + b * 4 * H;
-#pragma omp simd
-          for (int64_t j = 0; j < 3 * H; ++j) a[j] += gx[j];
-#pragma omp simd
-          for (int64_t j = 0; j < H; ++j) a[3 * H + j] += gh[2 * H + j];
-        }
+        if (sums) add_bias_row<T>(acc.data() + b * 4 * H, gx, gh, H);
         T* nb = N + b * H;
         for (int64_t j = 0; j < H; ++j) nb[j] = D[j] * l[j];
         ptrs[b] = gh;
@@ -253,15 +267,10 @@ static void gru_serial_adjoint_impl(const Tensor& points, const Tensor& kept, co
   });
   lam0.copy_(state.lam);
   if (sums) {
-    T* bx = db_ih.data_ptr<T>();
-    T* bh = db_hh.data_ptr<T>();
-    for (int64_t j = 0; j < 4 * H; ++j) {
-      double total = 0.0;
-      for (int64_t b = 0; b < B; ++b) total += acc[b * 4 * H + j];
-      if (j < 3 * H) bx[j] = static_cast<T>(total);
-      if (j < 2 * H) bh[j] = static_cast<T>(total);
-      if (j >= 3 * H) bh[j - H] = static_cast<T>(total);
-    }
+    std::vector<double> total(4 * H, 0.0);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < 4 * H; ++j) total[j] += acc[b * 4 * H + j];
+    store_bias<T>(total, db_ih, db_hh, H);
   }
 }
 
@@ -349,13 +358,7 @@ static void gru_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, cons
           gh[2 * H + j] = c[2 * H + j] * l[j];
           gx[2 * H + j] = a[j] * l[j];
         }
-        if (sums) {
-          double* __restrict s = acc.data();
-#pragma omp simd
-          for (int64_t j = 0; j < 3 * H; ++j) s[j] += gx[j];
-#pragma omp simd
-          for (int64_t j = 0; j < H; ++j) s[3 * H + j] += gh[2 * H + j];
-        }
+        if (sums) add_bias_row<T>(acc.data(), gx, gh, H);
       }
     }
     if (sums) partial[k0] = std::move(acc);
@@ -364,11 +367,7 @@ static void gru_gate_grads_impl(const Tensor& lam_rev, const Tensor& C_rev, cons
   std::vector<double> total(4 * H, 0.0);
   for (const auto& block : partial)
     for (size_t j = 0; j < block.size(); ++j) total[j] += block[j];
-  T* bx = db_ih.data_ptr<T>();
-  T* bh = db_hh.data_ptr<T>();
-  for (int64_t j = 0; j < 3 * H; ++j) bx[j] = static_cast<T>(total[j]);
-  for (int64_t j = 0; j < 2 * H; ++j) bh[j] = static_cast<T>(total[j]);
-  for (int64_t j = 0; j < H; ++j) bh[2 * H + j] = static_cast<T>(total[3 * H + j]);
+  store_bias<T>(total, db_ih, db_hh, H);
 }
 
 void gru_coefficients(const Tensor& points, const Tensor& kept, const c10::optional<Tensor>& dt, bool implicit,

@@ -174,13 +174,19 @@ def _block_gemms(d_gx, d_gh, sums, k0, k1, x, w_ih, points, d_x, grads) -> None:
         torch.mm(d_gx, w_ih, out=d_x[k0:k1].view(-1, I))
     d_w_ih.addmm_(d_gx.t(), x[k0:k1].reshape(-1, I))
     d_w_hh.addmm_(d_gh.t(), points[k0:k1, :, :H].reshape(-1, H))
+    b_ih, b_hh = _bias_grads(d_gx, d_gh, same, sums)
+    d_b_ih += b_ih
+    d_b_hh += b_hh
+
+
+def _bias_grads(rows_gx: Tensor, rows_gh: Tensor, same: bool, sums) -> tuple[Tensor, Tensor]:
+    """``(db_ih, db_hh)``: ``sums`` where the kernel took them, else the gate gradients' sums
+    over their rows ``(N, G)``; ``same``: one tensor (an LSTM's), whose one sum serves both
+    biases (each its own copy)."""
     if sums is not None:
-        d_b_ih += sums[0]
-        d_b_hh += sums[1]
-        return
-    total = d_gx.sum(0)
-    d_b_ih += total
-    d_b_hh += total if same else d_gh.sum(0)
+        return sums
+    total = rows_gx.sum(0)
+    return total, total.clone() if same else rows_gh.sum(0)
 
 
 def _gate_gemms(d_gx, d_gh, d_h0, sums, x, w_ih, points, H: int, need_x: bool) -> tuple:
@@ -194,12 +200,7 @@ def _gate_gemms(d_gx, d_gh, d_h0, sums, x, w_ih, points, H: int, need_x: bool) -
     d_x = torch.mm(rows_gx, w_ih).view(T, B, I) if need_x else None
     d_w_ih = torch.mm(rows_gx.t(), x.reshape(T * B, I))
     d_w_hh = torch.mm(rows_gh.t(), points[:T, :, :H].reshape(T * B, H))
-    if sums is not None:
-        return d_x, d_h0, d_w_ih, d_w_hh, *sums
-    d_b_ih = rows_gx.sum(0)
-    # one tensor (an LSTM's): one pass over its T B rows for both biases (each its own copy)
-    d_b_hh = d_b_ih.clone() if d_gh is d_gx else rows_gh.sum(0)
-    return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
+    return d_x, d_h0, d_w_ih, d_w_hh, *_bias_grads(rows_gx, rows_gh, d_gh is d_gx, sums)
 
 
 def _differentiable_backward(ctx, d_y, d_hn):
