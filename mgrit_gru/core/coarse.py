@@ -68,8 +68,7 @@ class DiagonalStep:
 
     def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
         """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] = map_j(u[j])
-        + g[j]`` (``u`` in chunk layout ``(m, n, *S)``); step by step where a tensor is not
-        a ``(steps, n, rows, H)`` view."""
+        + g[j]`` (``u`` in chunk layout ``(m, n, *S)``, its state axes viewed as rows of H)."""
         S, (n, H) = j1 - j0, (u.shape[1], u.shape[-1])
         W, P = self._coupling(j0, j1)
 
@@ -79,22 +78,14 @@ class DiagonalStep:
         def pair(t: Tensor) -> Tensor:  # (steps, n, R, q, H)
             return t.view(S, n, -1, *t.shape[-2:])
 
-        try:
-            args = (
-                rows(u[j0 : j0 + 1]),
-                rows(u[j0 + 1 : j1 + 1]),
-                rows(self.a[j0:j1]),
-                None if g is None else rows(g[j0:j1]),
-                None if W is None else pair(W),
-                None if P is None else pair(P),
-            )
-        except RuntimeError:  # a layout that no view serves: the PyTorch steps
-            for j in range(j0, j1):
-                self(u[j], j, out=u[j + 1])
-                if g is not None:
-                    u[j + 1].add_(g[j])
-            return
-        self.kernel.map_sweep(*args)
+        self.kernel.map_sweep(
+            rows(u[j0 : j0 + 1]),
+            rows(u[j0 + 1 : j1 + 1]),
+            rows(self.a[j0:j1]),
+            None if g is None else rows(g[j0:j1]),
+            None if W is None else pair(W),
+            None if P is None else pair(P),
+        )
         trace.work("map", u[0].numel() // max(H, 1), H, calls=S, level=self.level)
 
 
