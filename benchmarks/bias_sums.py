@@ -13,15 +13,15 @@ Time only on an otherwise idle machine.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from coarse_maps import least_median, measure  # noqa: E402  (this folder's: the A/B timing)
 
 from mgrit_gru import kernels, workspace  # noqa: E402
 from mgrit_gru.cost import cpu_name  # noqa: E402
@@ -68,24 +68,10 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|")
     for B in args.batch:
         step = record.training_step(args.T, B, 32, 64, "serial")
-        times: dict = {}
-        for warm in (True, False):
-            for _ in range(1 if warm else args.rounds):
-                for n in args.threads:
-                    torch.set_num_threads(n)
-                    for fused in (False, True):
-                        _FUSED["on"] = fused
-                        start = time.perf_counter()
-                        step()
-                        if not warm:
-                            times.setdefault((n, fused), []).append(time.perf_counter() - start)
+        times = measure(step, args.threads, args.rounds, _FUSED)
         for n in args.threads:
             a, b = times[(n, False)], times[(n, True)]
-            print(
-                f"| {B} | {n} | {1e3 * min(a):.1f} ({1e3 * statistics.median(a):.1f}) "
-                f"| {1e3 * min(b):.1f} ({1e3 * statistics.median(b):.1f}) "
-                f"| {min(a) / min(b):.3f}x |"
-            )
+            print(f"| {B} | {n} | {least_median(a)} | {least_median(b)} | {min(a) / min(b):.3f}x |")
 
 
 if __name__ == "__main__":

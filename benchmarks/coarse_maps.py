@@ -39,20 +39,26 @@ def _maps(grids, options, kernel=None):
     return _ORIGINAL(grids, options, kernel if _COMPILED["on"] else None)
 
 
-def measure(step, threads: list[int], rounds: int) -> dict:
-    """``{(threads, compiled): [seconds per round]}``, both ways warmed at every count."""
+def measure(step, threads: list[int], rounds: int, switch: dict) -> dict:
+    """``{(threads, on): [seconds per round]}``: ``step`` with ``switch["on"]`` False and True
+    in turn at every thread count, round by round, both ways warmed at every count first."""
     times: dict = {}
     for warm in (True, False):
         for _ in range(1 if warm else rounds):
             for n in threads:
                 torch.set_num_threads(n)
-                for compiled in (False, True):
-                    _COMPILED["on"] = compiled
+                for on in (False, True):
+                    switch["on"] = on
                     start = time.perf_counter()
                     step()
                     if not warm:
-                        times.setdefault((n, compiled), []).append(time.perf_counter() - start)
+                        times.setdefault((n, on), []).append(time.perf_counter() - start)
     return times
+
+
+def least_median(seconds: list[float]) -> str:
+    """``"least (median)"`` in milliseconds."""
+    return f"{1e3 * min(seconds):.1f} ({1e3 * statistics.median(seconds):.1f})"
 
 
 def main(argv=None) -> None:
@@ -86,13 +92,12 @@ def main(argv=None) -> None:
                 w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, args.T, B)
             for solver in args.solvers:
                 step = record.training_step(args.T, B, inp, hidden, solver, None, 1, w, inputs)
-                times = measure(step, args.threads, args.rounds)
+                times = measure(step, args.threads, args.rounds, _COMPILED)
                 for n in args.threads:
                     a, b = times[(n, False)], times[(n, True)]
                     print(
-                        f"| {weights} | {B} | {solver} | {n} | {1e3 * min(a):.1f} "
-                        f"({1e3 * statistics.median(a):.1f}) | {1e3 * min(b):.1f} "
-                        f"({1e3 * statistics.median(b):.1f}) | {min(a) / min(b):.2f}x |"
+                        f"| {weights} | {B} | {solver} | {n} | {least_median(a)} "
+                        f"| {least_median(b)} | {min(a) / min(b):.2f}x |"
                     )
                 one, most = min(args.threads), max(args.threads)
                 if most > one:

@@ -431,33 +431,32 @@ def test_lstm_whole_sequence_passes_equal_the_cells_pytorch_code():
         assert torch.equal(got, other)
 
 
-def test_bias_sums_benchmark_dry_run():
-    """benchmarks/bias_sums.py end to end on a tiny shape: a row per thread count, both ways."""
+def _dry_run(script: str) -> str:
+    """A benchmark's --dry-run, which must succeed: its stdout (skipped without kernels)."""
     if kernels.load() is None:
         pytest.skip(f"no compiled kernels here: {kernels.error()}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
-        [sys.executable, "benchmarks/bias_sums.py", "--dry-run"],
+        [sys.executable, f"benchmarks/{script}", "--dry-run"],
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    rows = [line for line in run.stdout.splitlines() if line.startswith("| 2 |")]
-    assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows), run.stdout
+    return run.stdout
+
+
+def test_bias_sums_benchmark_dry_run():
+    """benchmarks/bias_sums.py end to end on a tiny shape: a row per thread count, both ways."""
+    out = _dry_run("bias_sums.py")
+    rows = [line for line in out.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows), out
 
 
 def test_coarse_maps_benchmark_dry_run():
     """benchmarks/coarse_maps.py end to end on a tiny shape: a row per solver and thread count
     with both ways' times, and the threads' ratio row."""
-    if kernels.load() is None:
-        pytest.skip(f"no compiled kernels here: {kernels.error()}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    run = subprocess.run(
-        [sys.executable, "benchmarks/coarse_maps.py", "--dry-run"],
-        capture_output=True, text=True, cwd=root, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    rows = [line for line in run.stdout.splitlines() if line.startswith("| random |")]
-    assert len(rows) == 2 * 3, run.stdout  # budget and mgrit: threads 1, 2 and 2t / 1t
+    out = _dry_run("coarse_maps.py")
+    rows = [line for line in out.splitlines() if line.startswith("| random |")]
+    assert len(rows) == 2 * 3, out  # budget and mgrit: threads 1, 2 and 2t / 1t
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
