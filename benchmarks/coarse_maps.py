@@ -61,8 +61,9 @@ def least_median(seconds: list[float]) -> str:
     return f"{1e3 * min(seconds):.1f} ({1e3 * statistics.median(seconds):.1f})"
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options of an A/B run over training steps (this script's, exit_checks.py's)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -70,18 +71,22 @@ def main(argv=None) -> None:
     p.add_argument("--checkpoint", default=None, help="a mgrit-gru train run (trained weights)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--dry-run", action="store_true", help="T = 512, B = 2, one round")
-    args = p.parse_args(argv)
+    return p
+
+
+def table(p: argparse.ArgumentParser, args, switch: dict, off: str, on: str) -> None:
+    """Both ways of ``switch`` (``off``, ``on``: the columns' names) on the training steps the
+    arguments name, a row per weights, batch, solver and thread count, and the threads' ratio."""
     if args.dry_run:
         args.T, args.batch, args.rounds = 512, [2], 1
     if any(n < 1 for n in (*args.threads, *args.batch, args.rounds, args.T)):
         p.error("--T, --batch, --threads and --rounds must be positive")
-    solve.chunk_map_ops = _maps
     warnings.simplefilter("ignore")  # MGRIT() to the tolerance warns where it falls back
     print(
         f"# {cpu_name()}, {torch.get_num_threads()} threads at start; torch {torch.__version__}; "
         f"float32; T = {args.T}; least (median) of {args.rounds} interleaved rounds"
     )
-    print("| weights | B | solver | threads | pytorch maps ms | compiled ms | speed-up |")
+    print(f"| weights | B | solver | threads | {off} ms | {on} ms | speed-up |")
     print("|---|---|---|---|---|---|---|")
     kinds = ["random"] + (["trained"] if args.checkpoint else [])
     for weights in kinds:
@@ -92,7 +97,7 @@ def main(argv=None) -> None:
                 w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, args.T, B)
             for solver in args.solvers:
                 step = record.training_step(args.T, B, inp, hidden, solver, None, 1, w, inputs)
-                times = measure(step, args.threads, args.rounds, _COMPILED)
+                times = measure(step, args.threads, args.rounds, switch)
                 for n in args.threads:
                     a, b = times[(n, False)], times[(n, True)]
                     print(
@@ -106,6 +111,13 @@ def main(argv=None) -> None:
                         f"| {weights} | {B} | {solver} | {most}t / {one}t | {ratio[0]:.2f}x | "
                         f"{ratio[1]:.2f}x | |"
                     )
+
+
+def main(argv=None) -> None:
+    p = parser(__doc__)
+    args = p.parse_args(argv)
+    solve.chunk_map_ops = _maps
+    table(p, args, _COMPILED, "pytorch maps", "compiled")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ suite runs it).
 the thread counts this machine has (GRU only; not with a busy neighbour, which the model
 does not know).
 
+``passes f / b (a cycle)``: the MGRIT rows' passes over whole-sequence memory that the timed
+trace sees, forward / backward, in units of one pass over T x B states (the fine sweeps'
+row-steps and the bulk passes), and the fine sweeps' per cycle. ``--events N``: after the
+table, each MGRIT row's N longest event kinds of that trace (a message's window holds the
+host's work before it: an exit check's comparison, a residual).
+
 ``--sweeps``: one compiled F-relaxation (forward and adjoint kinds, H = ``--hidden``, 64 steps)
 per row count, wall time per step at each thread count against the cost model's price at
 that thread count (:func:`mgrit_gru.cost.thread_share`: the rows' blocks the threads share):
@@ -92,11 +98,51 @@ def steps_for(weights: str, T: int, B: int, solvers, args) -> dict:
     }
 
 
-def timed_split(step) -> dict:
+def timed_split(step, T: int, B: int) -> tuple[dict, str, list]:
+    """One timed trace of ``step``: its split (ms per category), its passes over the whole
+    sequence (:func:`sequence_passes`) and its events by kind (:func:`by_event`)."""
     with trace.record(timed=True) as t:
-        step()
+        module = step()
     split = measured_split(t.events)
-    return {k: round(1e3 * v, 2) for k, v in split.items() if v > 0}
+    stats = module.last_stats
+    passes = sequence_passes(t.events, T, B, stats.forward_iterations, stats.backward_iterations)
+    ms = {k: round(1e3 * v, 2) for k, v in split.items() if v > 0}
+    return ms, passes, by_event(t.events)
+
+
+def sequence_passes(events, T: int, B: int, cycles_f: int, cycles_b: int) -> str:
+    """``"F / B (f / b a cycle)"``: the forward's and the backward's passes over whole-sequence
+    memory that a trace sees, each in units of one pass over T x B states: the fine and serial
+    sweeps' row-steps over T B (a sweep of every chunk is about one; an early exit's less) and
+    the bulk passes' rows over T B; a cycle's share is the total over the solve's cycles (not
+    counting the bulk passes every step makes once; "-": no cycle). The PyTorch operators over whole
+    sequences outside those (a solve's first fill of its states) are not in a trace."""
+    sweeps = {"forward": 0.0, "backward": 0.0}
+    bulk = dict(sweeps)
+    phase = "forward"
+    for e in events:
+        if e.what == trace.PHASE and e.kind in sweeps:
+            phase = e.kind
+        elif e.what == trace.WORK and e.level in (0, trace.SERIAL):
+            sweeps[phase] += e.rows * e.calls / (T * B)
+        elif e.what == trace.BULK:
+            bulk[phase] += e.rows / (T * B)
+    total = [sweeps[k] + bulk[k] for k in sweeps]
+    per = [f"{sweeps[k] / c:.1f}" if c else "-" for k, c in zip(sweeps, (cycles_f, cycles_b))]
+    return f"{total[0]:.1f} / {total[1]:.1f} ({per[0]} / {per[1]})"
+
+
+def by_event(events) -> list:
+    """``[(what, kind, level, count, ms)]`` of a timed trace, the longest first: an event's
+    window is the time since the one before it (a message's holds the host's work before it:
+    an exit check's comparison, a residual's)."""
+    agg: dict = {}
+    for e in events:
+        key = (e.what, e.kind, e.level)
+        n, sec = agg.get(key, (0, 0.0))
+        agg[key] = (n + 1, sec + e.seconds)
+    rows = [(*k, n, round(1e3 * sec, 2)) for k, (n, sec) in agg.items()]
+    return sorted(rows, key=lambda r: -r[4])
 
 
 def measure(weights, T, B, args, load: str) -> list[dict]:
@@ -125,7 +171,7 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
             torch.set_num_threads(threads)
             for name in ("mgrit", "budget"):
                 if name in steps:
-                    splits[(name, threads)] = timed_split(steps[name])
+                    splits[(name, threads)] = timed_split(steps[name], T, B)
     predicted = predict(steps, T, B, args) if args.predict and load == "none" else {}
     rows = []
     one = min(args.threads)
@@ -149,7 +195,9 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
                 "W": round(base / serial_one, 3) if serial_one else None,
                 "cycles": cycles,
                 "by_mgrit": kind,
-                "split_ms": splits.get((name, threads)),
+                "split_ms": splits.get((name, threads), (None,))[0],
+                "passes": splits.get((name, threads), (None, None))[1],
+                "events": splits.get((name, threads), (None, None, None))[2],
                 "predicted_ms": predicted.get((name, threads)),
             }
         )
@@ -232,7 +280,7 @@ def _fmt(r: dict) -> str:
     line = (
         f"| {r['weights']} | {r['T']} | {r['B']} | {r['busy']} | {r['solver']} | {r['threads']} "
         f"| {r['ms']:.1f} | {r['speedup']:.2f}x | {r['efficiency']:.2f} | {vs} | {w} "
-        f"| {r['cycles']} | {r['by_mgrit']} | {split} |"
+        f"| {r['cycles']} | {r['by_mgrit']} | {r['passes'] or ''} | {split} |"
     )
     if r.get("predicted_ms") is not None:
         line += f" {r['predicted_ms']:.1f} | {r['predicted_ms'] / r['ms']:.2f} |"
@@ -241,7 +289,7 @@ def _fmt(r: dict) -> str:
 
 HEADER = (
     "| weights | T | B | busy | solver | threads | ms | speed-up | efficiency | vs serial | W "
-    "| cycles f/b | by MGRIT | split (timed trace) |\n" + "|---" * 14 + "|"
+    "| cycles f/b | by MGRIT | passes f / b (a cycle) | split (timed trace) |\n" + "|---" * 15 + "|"
 )
 
 
@@ -270,6 +318,13 @@ def main() -> int:
     p.add_argument("--dry-run", action="store_true")
     p.add_argument(
         "--predict", action="store_true", help="the projection's model beside every row (GRU)"
+    )
+    p.add_argument(
+        "--events",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the table, the N longest event kinds of each MGRIT row's timed trace",
     )
     p.add_argument("--sweeps", action="store_true", help="time compiled sweeps, not steps")
     p.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 64, 256, 1024, 4096])
@@ -325,9 +380,25 @@ def main() -> int:
                     for r in measure(w, T, B, args, load):
                         print(_fmt(r), flush=True)
                         rows.append(r)
+    if args.events > 0:
+        print_events(rows, args.events)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def print_events(rows: list[dict], n: int) -> None:
+    """Each MGRIT row's ``n`` longest event kinds: count and milliseconds."""
+    print(
+        "\n| weights | T | B | busy | solver | threads | event (what, kind, level) | count | ms |"
+    )
+    print("|---" * 9 + "|")
+    for r in rows:
+        for what, kind, level, count, ms in (r["events"] or [])[:n]:
+            print(
+                f"| {r['weights']} | {r['T']} | {r['B']} | {r['busy']} | {r['solver']} "
+                f"| {r['threads']} | {what}, {kind}, {level} | {count} | {ms:.2f} |"
+            )
 
 
 if __name__ == "__main__":

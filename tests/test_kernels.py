@@ -177,6 +177,86 @@ def check_forward_contract(K, H: int = 5) -> None:
             u = new
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_exit_check_in_the_sweep_is_torchs_comparison(threads):
+    """An early exit's check fused into a sweep (``stored``, ``change``): the last step's
+    previous states set aside exactly, the change exactly ``(new - old).abs().max()`` (NaN
+    where a difference is NaN, as torch's max), the outputs bit for bit those of the sweep
+    without a check; forward and adjoint, GRU and LSTM, rows over several blocks."""
+    K = kernels.load()
+    torch.manual_seed(7)
+    S, n, B, H = 8, 30, 3, 8  # 90 rows in 12 blocks, enough work for threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for model in ("gru", "lstm"):
+            W, G = (2 * H, 4 * H) if model == "lstm" else (H, 3 * H)
+            gx = torch.randn(S, n, B, G, dtype=torch.float64)
+            D, C = torch.rand(S, n, B, W, dtype=torch.float64), torch.randn(S, n, B, G)
+            C = C.double()
+            w = torch.randn(G, H, dtype=torch.float64) / H**0.5
+            x0 = torch.randn(1, n, B, W, dtype=torch.float64)
+            cell = lstm_cell.LSTMCell() if model == "lstm" else gru_cell.GRUCell("classic")
+            forward = (x0, gx, w, None, None, None, None, None, (-1, 0, 0), 0)
+            runs = {
+                "forward": (cell.kernel_forward, forward),
+                "adjoint": (cell.kernel_adjoint, (x0, D, C, w, None)),
+            }
+            for name, (kernel_sweep, args) in runs.items():
+                for poison in (False, True):
+                    old = torch.randn(S, n, B, W, dtype=torch.float64)
+                    if poison:
+                        old[-1, 17, 1, 2] = math.nan
+                    plain, fused = old.clone(), old.clone()
+                    kernel_sweep(K, args[0], plain, *args[1:])
+                    stored = torch.empty(n, B, W, dtype=torch.float64)
+                    change = torch.empty((), dtype=torch.float64)
+                    kernel_sweep(K, args[0], fused, *args[1:], (stored, change))
+                    assert torch.equal(fused, plain), (model, name)
+                    assert torch.equal(stored.nan_to_num(), old[-1].nan_to_num()), (model, name)
+                    want = (plain[-1] - old[-1]).abs().max()
+                    if poison:
+                        assert torch.isnan(change) and torch.isnan(want)
+                    else:
+                        assert change.item() == want.item(), (model, name)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_exit_checks_in_the_sweeps_leave_the_solve_as_it_was(monkeypatch):
+    """MGRIT with early exits (the default) gives the same outputs and gradients, bit for
+    bit, with the checks inside the compiled sweeps as with the copy and comparison around
+    them (core.cycle.advance's fallback), so the exits come at the same steps."""
+    from mgrit_gru.layer import solve as layer_solve
+
+    torch.manual_seed(8)
+    ref = torch.nn.GRU(3, 8)
+    x = torch.randn(300, 2, 3)
+    wy = torch.randn(300, 2, 8)
+
+    def run():
+        module = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=8, tol=1e-5))
+        out = _grads(module, x, [torch.zeros(1, 2, 8)], wy, [torch.zeros(1, 2, 8)])
+        return out, module.last_stats
+
+    fused, stats = run()
+    use = layer_solve._Compiled._use
+
+    def around(self, kernel):
+        use(self, kernel)
+        self.checks = False
+
+    monkeypatch.setattr(layer_solve._Compiled, "_use", around)
+    plain, plain_stats = run()
+    assert stats.forward_iterations > 0 and stats.backward_iterations > 0
+    assert (stats.forward_iterations, stats.backward_iterations) == (
+        plain_stats.forward_iterations,
+        plain_stats.backward_iterations,
+    )
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+
+
 def test_nan_flows_and_saturation_is_exact_in_the_kernels():
     """A NaN reaching a step (from the weights, say) is a NaN in its outputs and every later
     one, as in torch (never a finite wrong number); huge pre-activations saturate the gates
@@ -457,6 +537,17 @@ def test_coarse_maps_benchmark_dry_run():
     out = _dry_run("coarse_maps.py")
     rows = [line for line in out.splitlines() if line.startswith("| random |")]
     assert len(rows) == 2 * 3, out  # budget and mgrit: threads 1, 2 and 2t / 1t
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+
+
+def test_exit_checks_benchmark_dry_run():
+    """benchmarks/exit_checks.py end to end on a tiny shape: both ways' times per solver and
+    thread count, and the threads' ratio row."""
+    out = _dry_run("exit_checks.py")
+    rows = [line for line in out.splitlines() if line.startswith("| random |")]
+    assert len(rows) == 2 * 3, out
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))

@@ -281,7 +281,7 @@ def test_threads_benchmark_dry_run(cell, tmp_path):
     argv = [sys.executable, "benchmarks/threads.py", "--dry-run", "--cell", cell]
     predict = ["--predict"] if cell == "gru" else []  # the model beside each row (the GRU's)
     run = subprocess.run(
-        [*argv, "--solvers", "serial", "mgrit", "--json", str(out), *predict],
+        [*argv, "--solvers", "serial", "mgrit", "--json", str(out), "--events", "3", *predict],
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
@@ -293,7 +293,14 @@ def test_threads_benchmark_dry_run(cell, tmp_path):
     for r in rows:
         assert r["ms"] > 0 and r["W"] > 0 and r["vs_serial"] > 0
         assert (r["split_ms"] is not None) == (r["solver"] == "mgrit")
+        assert (r["passes"] is not None) == (r["solver"] == "mgrit")
         assert (r["predicted_ms"] is not None and r["predicted_ms"] > 0) == (cell == "gru")
+    for r in rows:  # whole-sequence passes: each direction at least its first sweep
+        if r["solver"] == "mgrit":
+            forward, backward = (float(x) for x in r["passes"].split(" (")[0].split(" / "))
+            assert forward >= 0.9 and backward >= 0.9, r["passes"]
+    lines = run.stdout.splitlines()  # two table rows and three events each at 1 and 2 threads
+    assert sum(line.startswith("| random | 512 | 2 | none | mgrit |") for line in lines) == 8
     if cell == "lstm":
         bad = subprocess.run(
             [*argv, "--weights", "trained"], capture_output=True, text=True, cwd=root, timeout=120

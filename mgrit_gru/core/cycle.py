@@ -185,19 +185,39 @@ class LocalComm:
         return lambda: float(value)
 
 
-def advance(op: Propagator, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+def advance(
+    op: Propagator,
+    u: Tensor,
+    g: Optional[Tensor],
+    j0: int,
+    j1: int,
+    stored: Optional[Tensor] = None,
+) -> Optional[Tensor]:
     """Steps ``j0 .. j1 - 1`` of every chunk: ``u[j + 1] = op(u[j], j) + g[j]``, in one call
-    where the propagator offers a ``sweep`` (a compiled kernel), else step by step."""
+    where the propagator offers a ``sweep`` (a compiled kernel), else step by step.
+
+    ``stored`` (``u[j1]``'s shape, contiguous; ``j1 > j0``): an early exit's check. The states
+    at ``u[j1]`` before the steps (a previous sweep's) are set aside there, and the largest
+    absolute change of them is returned (a 0-dim tensor): inside the sweep where the
+    propagator's kernel can (``checks`` True: each block of rows while it is in its core's
+    cache, on the sweep's threads), else by a copy before and a comparison after."""
     if j1 <= j0:
-        return
+        return None
     sweep = getattr(op, "sweep", None)
+    if stored is not None:
+        if sweep is not None and getattr(op, "checks", False):
+            return sweep(u, g, j0, j1, stored)
+        stored.copy_(u[j1])
+        advance(op, u, g, j0, j1)
+        return (u[j1] - stored).abs().max()
     if sweep is not None:
         sweep(u, g, j0, j1)
-        return
+        return None
     for j in range(j0, j1):
         op(u[j], j, out=u[j + 1])
         if g is not None:
             u[j + 1].add_(g[j])
+    return None
 
 
 def cf_sweeps(relax: str) -> int:
@@ -287,13 +307,12 @@ class _Solver:
             every = EXIT_EVERY_CUDA if u.is_cuda else EXIT_EVERY
             done = 0  # steps taken; the checks at j = every - 1, 2 every - 1, ...
             for j in range(every - 1, steps, every):
-                # the stored state at j + 1 aside, then one sweep through step j: the check's
-                # step is the sweep's last (no call and right-hand side of its own), and an
-                # exit puts the stored state back
-                stored = self._scratch(u).copy_(u[j + 1])
-                advance(op, u, g, done, j + 1)
+                # one sweep through step j that sets the stored state at j + 1 aside and
+                # measures its change (the check's step is the sweep's last: no call and
+                # right-hand side of its own); an exit puts the stored state back
+                stored = self._scratch(u)
+                change = advance(op, u, g, done, j + 1, stored)
                 done = j + 1
-                change = (u[j + 1] - stored).abs().max()
                 if lagged.agreed(exit_tol):
                     u[j + 1].copy_(stored)
                     return change

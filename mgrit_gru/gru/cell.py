@@ -304,13 +304,15 @@ class GRUCell:
     # module (its gru_* functions, gru_cpu.cpp) or the Triton token (name "triton"), on which
     # the GRU launches its own Triton sweeps (gru_triton.py; same arguments).
 
-    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+    def kernel_forward(
+        self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0, check=()
+    ) -> None:
         run = _triton().forward if kernel.name == "triton" else kernel.gru_forward
-        run(x0, out, gx, w_hh, rb, g, keep, factor, dt, self.kind == "implicit", *pad, j0)
+        run(x0, out, gx, w_hh, rb, g, keep, factor, dt, self.kind == "implicit", *pad, j0, *check)
 
-    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g, check=()) -> None:
         run = _triton().adjoint if kernel.name == "triton" else kernel.gru_adjoint
-        run(x0, out, D, C, w_hh, g)
+        run(x0, out, D, C, w_hh, g, *check)
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         T, B, H = kept.shape[0], kept.shape[1], w_hh.shape[1]

@@ -14,7 +14,7 @@ template <typename T>
 static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, const Tensor& w_hh,
                              const Tensor& b_hn, const Tensor& g, const Tensor& keep, const Tensor& factor,
                              const Tensor& dt, bool implicit, int64_t pad_c, int64_t pad_lo, int64_t pad_hi,
-                             int64_t j0) {
+                             int64_t j0, const Tensor& stored, const Tensor& change) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
   const Tensor wt = w_hh.t().contiguous();  // (H, 3H)
   const Panels<T> panels(wt.data_ptr<T>(), H, 3 * H);
@@ -24,7 +24,7 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
   View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
   const T* bias = b_hn.defined() ? b_hn.data_ptr<T>() : nullptr;
   T* ghp = gh.data_ptr<T>();
-  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+  checked_blocks<T>(out, stored, change, R, R * S * H, [&](int64_t r0, int64_t r1) {
     // per row: [r, z, n, gh_n] in a contiguous scratch (the kept gates' layout), then the
     // update; each loop runs over H contiguous values and vectorises
     std::vector<T> scratch(5 * H);
@@ -81,7 +81,7 @@ static void gru_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, co
 // Adjoint: out[s] = D * lam + (C * [lam, lam, lam]) @ W_hh (+ g[s]); lam_0 = x0[0].
 template <typename T>
 static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
-                             const Tensor& g) {
+                             const Tensor& g, const Tensor& stored, const Tensor& change) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3), R = n * B;
   const Tensor w = w_hh.contiguous();  // (3H, H)
   const Panels<T> panels(w.data_ptr<T>(), 3 * H, H);
@@ -92,7 +92,7 @@ static void gru_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, con
   T* wp = weighted.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
   for (int64_t r = 0; r < R; ++r) ptrs[r] = wp + r * 3 * H;
-  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+  checked_blocks<T>(out, stored, change, R, R * S * H, [&](int64_t r0, int64_t r1) {
     for (int64_t s = 0; s < S; ++s) {
       const View<T>& vin = s == 0 ? vx0 : vout;
       const int64_t sin = s == 0 ? 0 : s - 1;
@@ -130,22 +130,23 @@ void gru_forward(const Tensor& x0, Tensor out, const Tensor& gx, const Tensor& w
                  const c10::optional<Tensor>& b_hn, const c10::optional<Tensor>& g,
                  const c10::optional<Tensor>& keep, const c10::optional<Tensor>& factor,
                  const c10::optional<Tensor>& dt, bool implicit, int64_t pad_c, int64_t pad_lo, int64_t pad_hi,
-                 int64_t j0) {
-  for (const Tensor& t : {gx, w_hh, opt(b_hn), opt(g), opt(keep), opt(factor), opt(dt), x0})
+                 int64_t j0, const c10::optional<Tensor>& stored, const c10::optional<Tensor>& change) {
+  for (const Tensor& t : {gx, w_hh, opt(b_hn), opt(g), opt(keep), opt(factor), opt(dt), x0, opt(stored), opt(change)})
     check_same(t, out, "every argument");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_forward", [&] {
     gru_forward_impl<scalar_t>(x0, out, gx, w_hh, opt(b_hn), opt(g), opt(keep), opt(factor), opt(dt), implicit,
-                               pad_c, pad_lo, pad_hi, j0);
+                               pad_c, pad_lo, pad_hi, j0, opt(stored), opt(change));
   });
 }
 
 void gru_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
-                 const c10::optional<Tensor>& g) {
-  for (const Tensor& t : {D, C, w_hh, opt(g), x0}) check_same(t, out, "every argument");
+                 const c10::optional<Tensor>& g, const c10::optional<Tensor>& stored,
+                 const c10::optional<Tensor>& change) {
+  for (const Tensor& t : {D, C, w_hh, opt(g), x0, opt(stored), opt(change)}) check_same(t, out, "every argument");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_adjoint", [&] {
-    gru_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt(g));
+    gru_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt(g), opt(stored), opt(change));
   });
 }
 

@@ -6,15 +6,19 @@ void gru_forward(const at::Tensor& x0, at::Tensor out, const at::Tensor& gx, con
                  const c10::optional<at::Tensor>& b_hn, const c10::optional<at::Tensor>& g,
                  const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& factor,
                  const c10::optional<at::Tensor>& dt, bool implicit, int64_t pad_c, int64_t pad_lo,
-                 int64_t pad_hi, int64_t j0);
+                 int64_t pad_hi, int64_t j0, const c10::optional<at::Tensor>& stored,
+                 const c10::optional<at::Tensor>& change);
 void gru_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, const at::Tensor& C,
-                 const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
+                 const at::Tensor& w_hh, const c10::optional<at::Tensor>& g,
+                 const c10::optional<at::Tensor>& stored, const c10::optional<at::Tensor>& change);
 void lstm_forward(const at::Tensor& x0, at::Tensor out, const at::Tensor& gx, const at::Tensor& w_hh,
                   const c10::optional<at::Tensor>& g, const c10::optional<at::Tensor>& keep,
                   const c10::optional<at::Tensor>& factor, const c10::optional<at::Tensor>& dt,
-                  int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0);
+                  int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0,
+                  const c10::optional<at::Tensor>& stored, const c10::optional<at::Tensor>& change);
 void lstm_adjoint(const at::Tensor& x0, at::Tensor out, const at::Tensor& D, const at::Tensor& C,
-                  const at::Tensor& w_hh, const c10::optional<at::Tensor>& g);
+                  const at::Tensor& w_hh, const c10::optional<at::Tensor>& g,
+                  const c10::optional<at::Tensor>& stored, const c10::optional<at::Tensor>& change);
 void gru_serial_adjoint(const at::Tensor& points, const at::Tensor& kept, const at::Tensor& d_out,
                         const at::Tensor& d_last, const c10::optional<at::Tensor>& dt, bool implicit,
                         const at::Tensor& w_hh, at::Tensor d_gx, at::Tensor d_gh, at::Tensor lam0,
@@ -33,11 +37,22 @@ void map_sweep(const at::Tensor& x0, at::Tensor out, const at::Tensor& a, const 
                const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& P);
 }  // namespace mgrit
 
+// The fine sweeps' arguments by name; stored and change (an early exit's check, fused:
+// common.h's checked_blocks) may be left out.
+#define MGRIT_CHECK pybind11::arg("stored") = pybind11::none(), pybind11::arg("change") = pybind11::none()
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gru_forward", &mgrit::gru_forward);
-  m.def("gru_adjoint", &mgrit::gru_adjoint);
-  m.def("lstm_forward", &mgrit::lstm_forward);
-  m.def("lstm_adjoint", &mgrit::lstm_adjoint);
+  namespace py = pybind11;
+  m.def("gru_forward", &mgrit::gru_forward, "", py::arg("x0"), py::arg("out"), py::arg("gx"), py::arg("w_hh"),
+        py::arg("b_hn"), py::arg("g"), py::arg("keep"), py::arg("factor"), py::arg("dt"), py::arg("implicit"),
+        py::arg("pad_c"), py::arg("pad_lo"), py::arg("pad_hi"), py::arg("j0"), MGRIT_CHECK);
+  m.def("gru_adjoint", &mgrit::gru_adjoint, "", py::arg("x0"), py::arg("out"), py::arg("D"), py::arg("C"),
+        py::arg("w_hh"), py::arg("g"), MGRIT_CHECK);
+  m.def("lstm_forward", &mgrit::lstm_forward, "", py::arg("x0"), py::arg("out"), py::arg("gx"), py::arg("w_hh"),
+        py::arg("g"), py::arg("keep"), py::arg("factor"), py::arg("dt"), py::arg("pad_c"), py::arg("pad_lo"),
+        py::arg("pad_hi"), py::arg("j0"), MGRIT_CHECK);
+  m.def("lstm_adjoint", &mgrit::lstm_adjoint, "", py::arg("x0"), py::arg("out"), py::arg("D"), py::arg("C"),
+        py::arg("w_hh"), py::arg("g"), MGRIT_CHECK);
   m.def("gru_serial_adjoint", &mgrit::gru_serial_adjoint, "", pybind11::arg("points"), pybind11::arg("kept"),
         pybind11::arg("d_out"), pybind11::arg("d_last"), pybind11::arg("dt"), pybind11::arg("implicit"),
         pybind11::arg("w_hh"), pybind11::arg("d_gx"), pybind11::arg("d_gh"), pybind11::arg("lam0"),

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <vector>
 
 namespace mgrit {
@@ -264,6 +266,50 @@ inline void over_blocks(int64_t R, int64_t work, F&& block) {
     int late = state.late.load(std::memory_order_relaxed);
     if (late > 0) state.late.compare_exchange_strong(late, late - 1, std::memory_order_relaxed);
   }
+}
+
+// over_blocks for a sweep whose last step may end an early-exiting F-relaxation
+// (mgrit_gru/core/cycle.py's f_relax): that step overwrites states a previous sweep left in
+// out's last step. With `stored` ((n * B, W) contiguous) and `change` (one value of the
+// states' dtype) given, each block first sets its rows of those states aside in `stored`, runs
+// its steps, then takes the largest |new - stored| over its rows while they are in its cache;
+// `change` gets the largest over the blocks (NaN where any difference is NaN, as torch's max
+// of a tensor). The same numbers as (out[S - 1] - stored).abs().max() after the sweep, without
+// that copy and those passes on the calling thread. Undefined tensors: over_blocks alone.
+template <typename T, typename F>
+inline void checked_blocks(const Tensor& out, const Tensor& stored, const Tensor& change, int64_t R, int64_t work,
+                           F&& block) {
+  if (!stored.defined()) {
+    over_blocks(R, work, block);
+    return;
+  }
+  const int64_t S = out.size(0), W = out.size(3);
+  TORCH_CHECK(stored.is_contiguous() && stored.numel() == R * W && change.numel() == 1,
+              "mgrit kernels: an exit check needs stored (n, B, W) contiguous and change of one value");
+  const View<T> last(out.narrow(0, S - 1, 1));
+  T* kept = stored.data_ptr<T>();
+  std::mutex lock;
+  T worst = T(0);
+  bool nan = false;
+  over_blocks(R, work, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) std::memcpy(kept + r * W, last.row(0, r), sizeof(T) * W);
+    block(r0, r1);
+    T mine = T(0);
+    bool mine_nan = false;
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* now = last.row(0, r);
+      const T* before = kept + r * W;
+      for (int64_t k = 0; k < W; ++k) {
+        const T d = std::abs(now[k] - before[k]);
+        mine_nan |= d != d;
+        mine = d > mine ? d : mine;
+      }
+    }
+    const std::lock_guard<std::mutex> hold(lock);
+    nan |= mine_nan;
+    worst = mine > worst ? mine : worst;
+  });
+  change.fill_(nan ? std::numeric_limits<T>::quiet_NaN() : worst);
 }
 
 // fn(k, back, b, scratch) for every row b of every step k = 0 .. Tn - 1 of a pass over the

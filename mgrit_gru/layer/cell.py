@@ -69,7 +69,9 @@ class Cell(Protocol):
         (0: identity). ``keep`` receives the step's gates (``kept * H``), ``factor`` its
         frozen-gate diagonal factor (``state * H``)."""
 
-    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+    def kernel_forward(
+        self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0, check=()
+    ) -> None:
         """Steps ``j0 .. j0 + S - 1`` by the compiled kernels ``kernel``, what
         :func:`mgrit_gru.kernels.compiled_for` chose (``kernel.name``): the C++ module
         (``"compiled"``), whose functions for this cell the cell calls, or the Triton token
@@ -78,11 +80,14 @@ class Cell(Protocol):
         g[s]`` from ``x0`` ``(1, n, B, state * H)``, ``out`` ``(S, n, B, state * H)``; the
         other arguments as :meth:`step`'s for those steps (views ``(S, n, B, .)``, ``dt``
         expanded), ``pad`` ``(chunk, lo, hi)``: that chunk's steps ``lo <= j < hi`` are identity
-        steps (``(-1, 0, 0)``: none)."""
+        steps (``(-1, 0, 0)``: none). ``check`` ``(stored, change)`` (the C++ module only; empty:
+        none): an early exit's check fused into the sweep: ``out[S - 1]``'s states before the
+        sweep are set aside in ``stored`` ``(n, B, state * H)`` and ``change`` (one value) gets
+        the largest absolute difference of the new ones from them."""
 
-    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
-        """Adjoint steps by the compiled kernels (as :meth:`kernel_forward`): ``out[s] =
-        adjoint_step(state_s) + g[s]``."""
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g, check=()) -> None:
+        """Adjoint steps by the compiled kernels (as :meth:`kernel_forward`, ``check``
+        too): ``out[s] = adjoint_step(state_s) + g[s]``."""
 
     def kernel_vjp(self, kernel, points, kept, dt, w_hh, d_out, d_last) -> tuple:
         """The serial adjoint in one compiled call (as :meth:`kernel_forward`) from the

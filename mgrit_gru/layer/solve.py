@@ -61,19 +61,27 @@ WIDE, CHUNKS = "gates", "level-0 chunks"
 
 
 class _Compiled:
-    """A propagator's compiled path (its ``_run(x0, out, g, j0, j1)`` calls the kernel):
-    ``sweep``, many steps of every chunk in one call, and one step into ``out``."""
+    """A propagator's compiled path (its ``_run(x0, out, g, j0, j1, check)`` calls the
+    kernel): ``sweep``, many steps of every chunk in one call, and one step into ``out``."""
 
     def _use(self, kernel) -> None:
         # the compiled module that runs this level's steps (mgrit_gru.kernels), or None: the
-        # cell's PyTorch step; with one, `sweep` runs many steps in one call
+        # cell's PyTorch step; with one, `sweep` runs many steps in one call, and the C++
+        # module's checks an early exit's change in it (`checks`: core.cycle.advance)
         self.kernel = kernel
         self.sweep = None if kernel is None else self._sweep
+        self.checks = kernel is not None and kernel.name == "compiled"
 
-    def _sweep(self, u: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+    def _sweep(
+        self, u: Tensor, g: Optional[Tensor], j0: int, j1: int, stored: Optional[Tensor] = None
+    ) -> Optional[Tensor]:
         """Steps ``j0 .. j1 - 1`` of every chunk in one compiled call: ``u[j + 1] =
-        Phi(u[j]) + g[j]`` (``u`` in chunk layout ``(m, n, B, S)``)."""
-        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], None if g is None else g[j0:j1], j0, j1)
+        Phi(u[j]) + g[j]`` (``u`` in chunk layout ``(m, n, B, S)``); ``stored``: ``u[j1]``'s
+        states are set aside there, and their largest absolute change is returned."""
+        check = () if stored is None else (stored, stored.new_empty(()))
+        gs = None if g is None else g[j0:j1]
+        self._run(u[j0].unsqueeze(0), u[j0 + 1 : j1 + 1], gs, j0, j1, check)
+        return check[1] if check else None
 
     def _step(self, u: Tensor, j: int, out: Optional[Tensor]) -> Tensor:
         out = torch.empty_like(u) if out is None else out
@@ -133,14 +141,28 @@ class ForwardStep(_Compiled):
                     factor[c] = 1.0
         return res
 
-    def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
+    def _run(
+        self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int, check=()
+    ) -> None:
         S = j1 - j0
         keep = self.keep[j0:j1] if self.recording else None
         factor = None if self.factors is None else self.factors[j0:j1]
         dt = None if self.dt is None else self.dt[j0:j1].expand(*out.shape[:-1], 1)
         pad = (-1, 0, 0) if self.pad is None else self.pad
         self.cell.kernel_forward(
-            self.kernel, x0, out, self.gx[j0:j1], self.w_hh, self.rb, g, keep, factor, dt, pad, j0
+            self.kernel,
+            x0,
+            out,
+            self.gx[j0:j1],
+            self.w_hh,
+            self.rb,
+            g,
+            keep,
+            factor,
+            dt,
+            pad,
+            j0,
+            check,
         )
         if self.meter is not None:
             rows = out[0].numel() // out.shape[-1]
@@ -164,8 +186,11 @@ class AdjointStep(_Compiled):
         self._factors: Optional[Tensor] = None
         self._use(kernel)
 
-    def _run(self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int) -> None:
-        self.cell.kernel_adjoint(self.kernel, x0, out, self.D[j0:j1], self.C[j0:j1], self.w_hh, g)
+    def _run(
+        self, x0: Tensor, out: Tensor, g: Optional[Tensor], j0: int, j1: int, check=()
+    ) -> None:
+        D, C = self.D[j0:j1], self.C[j0:j1]
+        self.cell.kernel_adjoint(self.kernel, x0, out, D, C, self.w_hh, g, check)
         if self.meter is not None:
             rows = out[0].numel() // out.shape[-1]
             self.meter.add("adjoint", rows, j1 - j0, level=self.level, cost_kind="sweep_adjoint")

@@ -401,13 +401,15 @@ class LSTMCell:
     # module (its lstm_* functions, lstm_cpu.cpp) or the Triton token (name "triton"), on which
     # the LSTM launches its own Triton sweeps (lstm_triton.py; same arguments).
 
-    def kernel_forward(self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0) -> None:
+    def kernel_forward(
+        self, kernel, x0, out, gx, w_hh, rb, g, keep, factor, dt, pad, j0, check=()
+    ) -> None:
         run = _triton().forward if kernel.name == "triton" else kernel.lstm_forward
-        run(x0, out, gx, w_hh, g, keep, factor, dt, *pad, j0)
+        run(x0, out, gx, w_hh, g, keep, factor, dt, *pad, j0, *check)
 
-    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g) -> None:
+    def kernel_adjoint(self, kernel, x0, out, D, C, w_hh, g, check=()) -> None:
         run = _triton().adjoint if kernel.name == "triton" else kernel.lstm_adjoint
-        run(x0, out, D, C, w_hh, g)
+        run(x0, out, D, C, w_hh, g, *check)
 
     def compiled_passes(self, kernel) -> bool:
         return hasattr(kernel, "lstm_coefficients")  # the C++ module's; not the Triton token

@@ -14,7 +14,8 @@ namespace mgrit {
 template <typename T>
 static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, const Tensor& w_hh,
                               const Tensor& g, const Tensor& keep, const Tensor& factor, const Tensor& dt,
-                              int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0) {
+                              int64_t pad_c, int64_t pad_lo, int64_t pad_hi, int64_t j0, const Tensor& stored,
+                              const Tensor& change) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
   const Tensor wt = w_hh.t().contiguous();  // (H, 4H)
   const Panels<T> panels(wt.data_ptr<T>(), H, 4 * H);
@@ -23,7 +24,7 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
   std::vector<T*> ptrs(R);
   View<T> vx0(x0), vout(out), vgx(gx), vg(g), vkeep(keep), vfac(factor), vdt(dt);
   T* pp = pre.data_ptr<T>();
-  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+  checked_blocks<T>(out, stored, change, R, R * S * H, [&](int64_t r0, int64_t r1) {
     // per row: the activated gates [i, f, g, o] in a contiguous scratch (the kept gates'
     // layout), then the update; each loop runs over contiguous values and vectorises
     std::vector<T> scratch(5 * H);
@@ -76,7 +77,7 @@ static void lstm_forward_impl(const Tensor& x0, Tensor& out, const Tensor& gx, c
 // out = [d @ W_hh + D_h lam_h, D_c s] (+ g[s]).
 template <typename T>
 static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
-                              const Tensor& g) {
+                              const Tensor& g, const Tensor& stored, const Tensor& change) {
   const int64_t S = out.size(0), n = out.size(1), B = out.size(2), H = out.size(3) / 2, R = n * B;
   const Tensor w = w_hh.contiguous();  // (4H, H)
   const Panels<T> panels(w.data_ptr<T>(), 4 * H, H);
@@ -87,7 +88,7 @@ static void lstm_adjoint_impl(const Tensor& x0, Tensor& out, const Tensor& D, co
   T* dp = d.data_ptr<T>();
   T* pp = prod.data_ptr<T>();
   for (int64_t r = 0; r < R; ++r) ptrs[r] = dp + r * 4 * H;
-  over_blocks(R, R * S * H, [&](int64_t r0, int64_t r1) {
+  checked_blocks<T>(out, stored, change, R, R * S * H, [&](int64_t r0, int64_t r1) {
     for (int64_t s = 0; s < S; ++s) {
       const View<T>& vin = s == 0 ? vx0 : vout;
       const int64_t sin = s == 0 ? 0 : s - 1;
@@ -134,22 +135,24 @@ static Tensor opt_(const c10::optional<Tensor>& t) { return t.has_value() ? *t :
 void lstm_forward(const Tensor& x0, Tensor out, const Tensor& gx, const Tensor& w_hh,
                   const c10::optional<Tensor>& g, const c10::optional<Tensor>& keep,
                   const c10::optional<Tensor>& factor, const c10::optional<Tensor>& dt, int64_t pad_c,
-                  int64_t pad_lo, int64_t pad_hi, int64_t j0) {
-  for (const Tensor& t : {gx, w_hh, opt_(g), opt_(keep), opt_(factor), opt_(dt), x0})
+                  int64_t pad_lo, int64_t pad_hi, int64_t j0, const c10::optional<Tensor>& stored,
+                  const c10::optional<Tensor>& change) {
+  for (const Tensor& t : {gx, w_hh, opt_(g), opt_(keep), opt_(factor), opt_(dt), x0, opt_(stored), opt_(change)})
     check_same(t, out, "every argument");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "lstm_forward", [&] {
     lstm_forward_impl<scalar_t>(x0, out, gx, w_hh, opt_(g), opt_(keep), opt_(factor), opt_(dt), pad_c, pad_lo,
-                                 pad_hi, j0);
+                                 pad_hi, j0, opt_(stored), opt_(change));
   });
 }
 
 void lstm_adjoint(const Tensor& x0, Tensor out, const Tensor& D, const Tensor& C, const Tensor& w_hh,
-                  const c10::optional<Tensor>& g) {
-  for (const Tensor& t : {D, C, w_hh, opt_(g), x0}) check_same(t, out, "every argument");
+                  const c10::optional<Tensor>& g, const c10::optional<Tensor>& stored,
+                  const c10::optional<Tensor>& change) {
+  for (const Tensor& t : {D, C, w_hh, opt_(g), x0, opt_(stored), opt_(change)}) check_same(t, out, "every argument");
   at::NoGradGuard guard;
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "lstm_adjoint", [&] {
-    lstm_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt_(g));
+    lstm_adjoint_impl<scalar_t>(x0, out, D, C, w_hh, opt_(g), opt_(stored), opt_(change));
   });
 }
 

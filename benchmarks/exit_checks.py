@@ -1,0 +1,47 @@
+"""An early-exiting F-relaxation's checks inside the compiled sweeps (each block of rows sets
+the checked point's states aside and compares them as it ends: ``checked_blocks``,
+``mgrit_gru/kernels/common.h``) against around them (a copy before the sweep, then a
+subtraction, ``abs`` and ``max`` over the point's states on the calling thread): a GRU
+training step, both ways interleaved round by round in one process, at each thread count.
+
+    python benchmarks/exit_checks.py [--T 16384] [--batch 1 4] [--threads 1 2]
+        [--solvers budget mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run]
+
+Random weights (input 32, hidden 64) and, with ``--checkpoint`` (a ``mgrit-gru train`` run
+folder), its trained GRU on its training sequences joined end to end up to T. The two ways
+compute the same numbers (the same exits, the same results bit for bit: tests/test_kernels.py);
+printed per row: the least and the median of the rounds each way, their ratio and the speed-up
+from one thread to the most. Time only on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coarse_maps import parser, table  # noqa: E402  (this folder's: the A/B table)
+
+from mgrit_gru.layer import solve  # noqa: E402
+
+_ORIGINAL = solve._Compiled._use
+_FUSED = {"on": True}
+
+
+def _use(self, kernel) -> None:
+    """The propagators' own choice, or (``_FUSED`` off) checks around the sweeps."""
+    _ORIGINAL(self, kernel)
+    self.checks = self.checks and _FUSED["on"]
+
+
+def main(argv=None) -> None:
+    p = parser(__doc__)
+    args = p.parse_args(argv)
+    solve._Compiled._use = _use
+    table(p, args, _FUSED, "around the sweep", "in the sweep")
+
+
+if __name__ == "__main__":
+    main()
