@@ -291,7 +291,8 @@ class MGRIT:
             the tolerance, everywhere: each chunk has then forgotten the change of its start,
             and the rest of the chunk is kept. The residual it leaves counts in the stopping
             test, so a converged solve meets ``tol`` as without it. ``False``: every sweep
-            runs to the end of its chunks.
+            runs to the end of its chunks, as every sweep of a fixed :class:`Budget` does
+            (its tolerance 0 would let a sweep exit only where it repeats the last one).
 
     ``MGRIT.serial()`` is the exact sequential reference on the same kernels.
     """

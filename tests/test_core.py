@@ -194,6 +194,45 @@ def test_early_exit_without_merging_changes_nothing():
     assert runs[0].residuals == runs[1].residuals
 
 
+def test_a_fixed_budget_makes_no_exit_checks(monkeypatch):
+    """With tol 0 (a fixed budget) a sweep could exit only where it repeats the previous one
+    bit for bit, keeping what it would compute anyway: the solve makes no checks at all, and
+    gives what it gives without the early exit, bit for bit, on a problem whose chunks merge
+    (a contractive one, where checks with a tolerance would exit)."""
+    from mgrit_gru.core import cycle
+
+    T, m = 640, 32
+    a = torch.full((T,), 0.9)
+    f = torch.randn(T, 1)
+    grids = build_grids(T, m, 2)
+    checks = []
+    advance = cycle.advance
+
+    def counting(op, u, g, j0, j1, stored=None):
+        checks.append(stored is not None)
+        return advance(op, u, g, j0, j1, stored)
+
+    monkeypatch.setattr(cycle, "advance", counting)
+    runs = []
+    for early_exit in (False, True):
+        ops = scalar_ops(grids, a, lambda p: p.sqrt())
+        runs.append(
+            solve(
+                grids,
+                ops,
+                torch.ones(1),
+                to_chunks(f, grids[0]),
+                relax="FCF",
+                stop=StopTest(0.0),
+                max_iters=2,
+                early_exit=early_exit,
+            )  # fmt: skip
+        )
+    assert checks and not any(checks)
+    assert torch.equal(runs[0].u, runs[1].u) and torch.equal(runs[0].uend, runs[1].uend)
+    assert runs[0].residuals == runs[1].residuals and runs[1].iterations == 2
+
+
 class ScalarWithFactors(Scalar):
     """A linear diagonal level that knows its chunk factors (the product of its steps)."""
 

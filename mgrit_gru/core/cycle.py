@@ -538,7 +538,8 @@ def solve(
             one after a coarse correction) stops once its states agree with the previous
             sweep's to ``tol`` times the solution's size (see :meth:`_Solver.f_relax`): the
             chunks have forgotten the change of their C-points, and the rest of each chunk is
-            kept. The residual is then the largest of the C-point residuals and that exit's
+            kept (not with ``stop.tol`` 0, a fixed budget: every sweep runs to its end). The
+            residual is then the largest of the C-point residuals and that exit's
             (an earlier exit's that a later sweep left in place is within the threshold too,
             so a converged solve has every residual within ``tol``). Before the first
             residual the size is that of the first sweep's last F-points.
@@ -578,7 +579,9 @@ def solve(
             sizes = [max(a, comm.max(b)) for a, b in zip(start, local)]
         return stop.tol * min(stop.scale(size) for size in sizes)  # the smallest block's
 
-    exit_tol = threshold if early_exit else None
+    # a threshold of 0 (a fixed budget: tol 0) exits only where a sweep repeats the last one
+    # bit for bit, and keeps then what it would compute: its checks would cost and change nothing
+    exit_tol = threshold if early_exit and stop.tol > 0 else None
     for _ in range(max_iters + 1):
         final = result.iterations == max_iters
         if final:  # after a coarse correction the F-points hold the previous sweep's states
