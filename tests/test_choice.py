@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -209,6 +210,50 @@ def test_auto_does_not_try_mgrit_that_the_model_rules_out(hidden, steps, dtype):
     m = mgrit_gru.MGRIT().resolve(steps, 1, hidden).cfactor
     least = cost.first_relaxation_us("sweep", m, -(-steps // m), 1, hidden, dtype=dtype, levels=2)
     assert cost.mgrit_hopeless(least, fwd.serial_cost)
+
+
+def test_a_serial_choice_makes_no_forcing_pass(monkeypatch):
+    """Where auto solves the backward serially without trying MGRIT, the adjoint's right-hand
+    side in reversed time (a pass over every step's gradient, only MGRIT reads it) is not made:
+    the gradients are the serial solver's bit for bit. A NaN or Inf gradient still goes to the
+    serial solve without a try or a fallback, as in autograd, NaN where torch has it."""
+    from mgrit_gru.layer import solve as layer_solve
+
+    calls = []
+    forcing = layer_solve.reversed_forcing
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return forcing(*args, **kw)
+
+    monkeypatch.setattr(layer_solve, "reversed_forcing", counting)
+    torch.manual_seed(0)
+    ref = torch.nn.GRU(1, 8, dtype=torch.float64)
+    x = torch.randn(100_000, 1, 1, dtype=torch.float64)
+    grads = []
+    for solver in ("auto", "serial"):
+        gru = mgrit_gru.GRU.from_torch(ref, solver=solver, kernels="compiled")
+        y, _ = gru(x)
+        y.sum().backward()
+        bwd = gru.last_stats.backward[0]
+        assert bwd.levels == 1 and not bwd.fell_back
+        assert bwd.skipped == (solver == "auto")
+        grads.append([p.grad for p in gru.parameters()])
+    assert not calls
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    # a NaN in the output's gradient: MGRIT (asked for) is not tried, nothing falls back
+    gru = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=16), kernels="compiled")
+    y, _ = gru(x[:2000])
+    seed = torch.ones_like(y)
+    seed[1500] = math.nan
+    y.backward(seed)
+    bwd = gru.last_stats.backward[0]
+    assert bwd.levels == 1 and not bwd.fell_back and not bwd.skipped and calls
+    torch_gru = copy.deepcopy(ref)
+    y_t, _ = torch_gru(x[:2000])
+    y_t.backward(seed)
+    for a, b in zip(gru.parameters(), torch_gru.parameters()):
+        assert torch.equal(torch.isnan(a.grad), torch.isnan(b.grad))
 
 
 def test_the_model_prices_small_hidden_sizes_and_float64():

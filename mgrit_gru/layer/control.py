@@ -323,6 +323,7 @@ def solve_guarded(
     serial_cost: float = 0.0,
     name: str = "GRU",
     least: float = 0.0,
+    ready: Optional[Callable[[], bool]] = None,
 ) -> tuple[list[Grid], SolveResult, SolveStats]:
     """``run(grids)``, and what its verdict calls for: a converged or budgeted solve stands;
     a diverged one falls back to the serial grid (warning once) or raises; one stopped by the
@@ -332,7 +333,10 @@ def solve_guarded(
     ``name``: the module's (``"GRU"``, ``"LSTM"``), in warnings and errors. ``least``: the
     modelled least cost of the MGRIT solve (its first relaxation); a control that ``prices``
     (:class:`AutoChoice`) sends the call to the serial grid without trying MGRIT where that is
-    within the model's error of ``serial_cost`` (:func:`mgrit_gru.cost.mgrit_hopeless`)."""
+    within the model's error of ``serial_cost`` (:func:`mgrit_gru.cost.mgrit_hopeless`).
+    ``ready()``: called only where MGRIT is to be tried, after the control's verdict (so
+    that what only MGRIT needs is made only then); False sends the call to the serial grid as
+    if it had one grid (a non-finite right-hand side: no try, no fallback, nothing learnt)."""
     serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
     key = (pass_, *where)
     if options.budget is not None:  # a budget's solve stands: nothing to skip or back off
@@ -345,6 +349,8 @@ def solve_guarded(
                 f"auto: serial (the model prices MGRIT's first relaxation alone at "
                 f"{least / serial_cost:.2f}x the serial solve)"
             )
+    if mgrit and reason is None and ready is not None and not ready():
+        mgrit = False
     fell_back = False
     if not mgrit or reason is not None:
         grids, result = serial, run(serial)
