@@ -5,10 +5,12 @@ subtraction, ``abs`` and ``max`` over the point's states on the calling thread):
 training step, both ways interleaved round by round in one process, at each thread count.
 
     python benchmarks/exit_checks.py [--T 16384] [--batch 1 4] [--threads 1 2]
-        [--solvers budget mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run]
+        [--solvers mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run]
 
 Random weights (input 32, hidden 64) and, with ``--checkpoint`` (a ``mgrit-gru train`` run
-folder), its trained GRU on its training sequences joined end to end up to T. The two ways
+folder), its trained GRU on its training sequences joined end to end up to T. ``--solvers``
+is ``mgrit`` by default: a fixed budget makes no exit checks (its tolerance is 0), so its rows
+would time the same code both ways. The two ways
 compute the same numbers (the same exits, the same results bit for bit: tests/test_kernels.py);
 printed per row: the least and the median of the rounds each way, their ratio and the speed-up
 from one thread to the most. Time only on an otherwise idle machine.
@@ -38,6 +40,7 @@ def _use(self, kernel) -> None:
 
 def main(argv=None) -> None:
     p = parser(__doc__)
+    p.set_defaults(solvers=["mgrit"])
     args = p.parse_args(argv)
     solve._Compiled._use = _use
     table(p, args, _FUSED, "around the sweep", "in the sweep")

@@ -180,6 +180,7 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
         serial = best.get(("serial", threads), (None,))[0]
         serial_one = best.get(("serial", one), (None,))[0]
         speedup = base / took * one
+        timed = splits.get((name, threads), (None, None, None))
         rows.append(
             {
                 "weights": weights,
@@ -195,9 +196,9 @@ def measure(weights, T, B, args, load: str) -> list[dict]:
                 "W": round(base / serial_one, 3) if serial_one else None,
                 "cycles": cycles,
                 "by_mgrit": kind,
-                "split_ms": splits.get((name, threads), (None,))[0],
-                "passes": splits.get((name, threads), (None, None))[1],
-                "events": splits.get((name, threads), (None, None, None))[2],
+                "split_ms": timed[0],
+                "passes": timed[1],
+                "events": timed[2],
                 "predicted_ms": predicted.get((name, threads)),
             }
         )

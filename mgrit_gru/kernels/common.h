@@ -284,7 +284,8 @@ inline void checked_blocks(const Tensor& out, const Tensor& stored, const Tensor
     return;
   }
   const int64_t S = out.size(0), W = out.size(3);
-  TORCH_CHECK(stored.is_contiguous() && stored.numel() == R * W && change.numel() == 1,
+  TORCH_CHECK(stored.is_contiguous() && stored.dim() == 3 && stored.size(0) == out.size(1) &&
+                  stored.size(1) == out.size(2) && stored.size(2) == W && change.numel() == 1,
               "mgrit kernels: an exit check needs stored (n, B, W) contiguous and change of one value");
   const View<T> last(out.narrow(0, S - 1, 1));
   T* kept = stored.data_ptr<T>();

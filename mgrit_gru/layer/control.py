@@ -336,7 +336,9 @@ def solve_guarded(
     within the model's error of ``serial_cost`` (:func:`mgrit_gru.cost.mgrit_hopeless`).
     ``ready()``: called only where MGRIT is to be tried, after the control's verdict (so
     that what only MGRIT needs is made only then); False sends the call to the serial grid as
-    if it had one grid (a non-finite right-hand side: no try, no fallback, nothing learnt)."""
+    if it had one grid (a non-finite right-hand side: no try, no fallback, nothing learnt; the
+    control's verdict, taken before, stands as it was taken: a call it skipped is counted and
+    reported as skipped, as any other)."""
     serial = [Grid(N=grids[0].N, m=grids[0].N, n=1)]
     key = (pass_, *where)
     if options.budget is not None:  # a budget's solve stands: nothing to skip or back off

@@ -1075,7 +1075,9 @@ def adjoint_solve(
             min_iters=0 if plan is None else plan.min_iters,
         )
 
-    # A NaN or Inf gradient flows on as in autograd, without a fallback.
+    # A NaN or Inf gradient flows on as in autograd: where MGRIT would be tried, the serial
+    # solve instead, without a try or a fallback (a call that the control sends to the serial
+    # solve anyway is its call, as any other: counted, and reported as skipped).
     grids, result, stats = solve_guarded(
         "backward",
         options,
