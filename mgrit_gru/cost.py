@@ -340,6 +340,29 @@ def row_scale(hidden: int) -> float:
     return (a + b * x + q * x * x) / (a + b + q)  # exactly 1 at H = 64
 
 
+# The compiled CPU sweeps' GEMM runs a block's rows in groups of GEMM_GROUP (four accumulator
+# chains; a group of fewer rows computes one of them again in the others' place), so the GEMM's
+# share of a row's cost (ROW_SHAPE's H^2 term) is paid for whole groups. It counts at 1-3 rows:
+# a serial sweep over 1-3 sequences, which the table's fit over 8-2048 rows priced as if a
+# row's GEMM came alone (measured on the Intel Xeon VM, 2026-12-06: one row's step costs about
+# four rows' at H = 64, both ways, while the many-row steps follow the fit; docs/measurements.md,
+# "Where issue 37's targets stand (2026-12-06, late ...)").
+GEMM_GROUP = 4
+GROUPED_KINDS = ("sweep", "sweep_adjoint")
+
+
+def row_units(rows: float, hidden: int, grouped: bool = False) -> float:
+    """``rows`` in units of a row at H = 64 (:func:`row_scale`); ``grouped``: a compiled
+    sweep's, whose GEMM share is paid for whole groups of :data:`GEMM_GROUP` rows."""
+    units = rows * row_scale(hidden)
+    if grouped and rows > 0:
+        a, b, q = ROW_SHAPE
+        x = hidden / 64
+        whole = math.ceil(rows / GEMM_GROUP) * GEMM_GROUP
+        units += (whole - rows) * q * x * x / (a + b + q)
+    return units
+
+
 def dtype_scale(dtype=None, device: str = "cpu", factors: Optional[dict] = None) -> float:
     """A row's cost in ``dtype`` per its cost in float32 (``factors``, default :data:`DTYPE`;
     1 off the CPU, whose table is one dtype's)."""
@@ -356,14 +379,17 @@ def price(
     dtype=None,
     device: str = "cpu",
     share: float = 1.0,
+    grouped: bool = False,
 ) -> float:
     """The model of one step over ``rows`` states from its table entry ``(o, c)`` (at H = 64,
     float32): the module's formula (the fixed part never below zero); ``share``: the threads'
-    speed-up of the rows' part (:func:`thread_share`)."""
+    speed-up of the rows' part (:func:`thread_share`); ``grouped``: a compiled CPU sweep's
+    step (:func:`row_units`)."""
     # o holds one pass over W_hh at H = 64 (WEIGHT_ROWS rows' worth): elsewhere it scales
     weights = dtype_scale(dtype, device, DTYPE_WEIGHTS) * (hidden / 64) ** 2
     fixed = max(o + WEIGHT_ROWS * c * (weights - 1.0), 0.0)
-    return fixed + c * dtype_scale(dtype, device) * rows * row_scale(hidden) / share
+    units = row_units(rows, hidden, grouped and _kind(device) == "cpu")
+    return fixed + c * dtype_scale(dtype, device) * units / share
 
 
 def pin_threads(threads: Optional[int]) -> None:
@@ -431,7 +457,7 @@ def step_us(
     ``steps`` such steps (:func:`thread_share`)."""
     o, c = _costs(table()[_kind(device)], kind, cell_costs)
     share = _share(kind, rows, steps, hidden, device, cell_costs, threads)
-    return price(o, c, rows, hidden, dtype, device, share)
+    return price(o, c, rows, hidden, dtype, device, share, _grouped(kind, cell_costs))
 
 
 def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, float]:
@@ -440,6 +466,11 @@ def _costs(row: dict, kind: str, cell_costs: Optional[dict]) -> tuple[float, flo
     base, o_times, c_times = (cell_costs or {}).get(kind, (kind, 1.0, 1.0))[:3]
     o, c = row[base]
     return o * o_times, c * c_times
+
+
+def _grouped(kind: str, cell_costs: Optional[dict]) -> bool:
+    """Whether a cell's ``kind`` (its base kind) is a compiled sweep's (:func:`row_units`)."""
+    return (cell_costs or {}).get(kind, (kind,))[0] in GROUPED_KINDS
 
 
 def _share(kind, rows, steps, hidden, device, cell_costs, threads) -> float:
@@ -500,7 +531,10 @@ class Meter:
         row-steps, no trace entry."""
         o, c = _costs(self._costs, kind, self._cell_costs)
         share = _share(kind, rows, calls, self.hidden, self.device, self._cell_costs, self.threads)
-        self.spent += calls * price(o, c, rows, self.hidden, self.dtype, self.device, share)
+        grouped = _grouped(kind, self._cell_costs)
+        self.spent += calls * price(
+            o, c, rows, self.hidden, self.dtype, self.device, share, grouped
+        )
 
 
 def serial_us(

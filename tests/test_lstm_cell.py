@@ -146,7 +146,7 @@ def test_the_cost_model_prices_lstm_steps_by_its_multipliers():
     row = cost.table()["cpu"]
     for kind, (base, o_times, c_times, *call) in costs.items():
         o, c = row[base]
-        assert cost.step_us(kind, 10, 64, "cpu", costs) == o * o_times + c * c_times * 10
+        assert cost.step_us(kind, 12, 64, "cpu", costs) == o * o_times + c * c_times * 12
         # a serial kernel's fixed cost per call, where the cell states one
         fixed = o * call[0] if call else 0.0
         assert cost.call_us(kind, "cpu", costs) == fixed
