@@ -450,12 +450,14 @@ def step_us(
     dtype=None,
     threads: int = 1,
     steps: int = 1,
+    costs: Optional[dict] = None,
 ) -> float:
     """Modelled time of one step of ``kind`` over ``rows`` states; ``cell_costs``: a cell's
     :data:`mgrit_gru.layer.cell.Cell.costs` (its steps against the GRU's), or None (a GRU);
     ``dtype``: the states' (None: float32); ``threads``: the process's, in a sweep of
-    ``steps`` such steps (:func:`thread_share`)."""
-    o, c = _costs(table()[_kind(device)], kind, cell_costs)
+    ``steps`` such steps (:func:`thread_share`); ``costs``: the device's row of a table
+    (default: the table in use now)."""
+    o, c = _costs(table()[_kind(device)] if costs is None else costs, kind, cell_costs)
     share = _share(kind, rows, steps, hidden, device, cell_costs, threads)
     return price(o, c, rows, hidden, dtype, device, share, _grouped(kind, cell_costs))
 
@@ -529,11 +531,16 @@ class Meter:
         """Add the modelled cost of ``calls`` steps of ``kind`` over ``rows`` states that
         stand for other work (passes over all rows that the alternative does without): no
         row-steps, no trace entry."""
-        o, c = _costs(self._costs, kind, self._cell_costs)
-        share = _share(kind, rows, calls, self.hidden, self.device, self._cell_costs, self.threads)
-        grouped = _grouped(kind, self._cell_costs)
-        self.spent += calls * price(
-            o, c, rows, self.hidden, self.dtype, self.device, share, grouped
+        self.spent += calls * step_us(
+            kind,
+            rows,
+            self.hidden,
+            self.device,
+            self._cell_costs,
+            self.dtype,
+            self.threads,
+            calls,
+            self._costs,
         )
 
 
