@@ -560,7 +560,10 @@ def solve(
     """
     first = grids[0]
     u = u0.new_empty((first.m, first.n, *u0.shape)) if work is None else work
-    u.copy_(u0.expand(first.m, first.n, *u0.shape))
+    # the C-points start at u0; the first F-relaxation runs to its end and writes every
+    # F-point before anything reads one (a fill of all of them was a pass over the whole
+    # sequence: 1.5-3% of a training step at B = 16)
+    u[0].copy_(u0.expand(first.n, *u0.shape))
     uend = u0.clone()
     comm = comm or LocalComm()
     solver = _Solver(grids, ops, relax, comm, project)
