@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mgrit_gru.projection import LINKS, Link, Machine, comparable, expand, machines, record, replay  # noqa: E402  # noqa: E402
-from mgrit_gru.projection.replay import measured_split  # noqa: E402
+from mgrit_gru.projection.replay import by_event, measured_split  # noqa: E402
 
 
 def config_step(cfg: dict, cfactor: int, time_group=None):
@@ -101,6 +101,7 @@ def worker(path: str) -> None:
                 "grad_w_hh": float(module.weight_hh_l0.grad.double().norm()),
                 "cycles": [stats.forward_iterations, stats.backward_iterations],
                 "seconds_split": measured_split(t.events),
+                "by_event": by_event(t.events),
             }
         )
     Path(job["out"]).with_suffix(f".{rank}.json").write_text(json.dumps(out))
@@ -275,6 +276,7 @@ def _torchrun(P: int, keys, configs, args) -> tuple[dict, object]:
         point = dict(ranks[0]["points"][i])
         point["events"] = [r["points"][i]["events"] for r in ranks]
         point["splits"] = [r["points"][i]["seconds_split"] for r in ranks]
+        point["by_event"] = [r["points"][i]["by_event"] for r in ranks]
         got[k] = point
     link = None
     if "link" in ranks[0]:

@@ -5,6 +5,7 @@ with the projection beside every row and where each row's critical path went.
     python benchmarks/scaling.py [--ranks 1 2 4 8 16] [--T 16384 65536]
         [--solvers budget mgrit] [--weights random trained] [--checkpoint RUN]
         [--batch 4 --input 32 --hidden 64] [--repeats 2] [--json FILE] [--dry-run]
+        [--events N]
     python benchmarks/scaling.py --cfactors 32 64 128 256 512 [--T ...] [--weights ...]
 
 Per (weights, T, solver, P), measured: the training step (the slowest rank's, the least of
@@ -15,7 +16,9 @@ mgrit_gru.projection (this CPU's model measured at the start, the loopback link 
 ping-pong inside each torchrun job) from one process's trace expanded to P ranks, and the
 ratio predicted / measured. Where the time went: the slowest rank's own timed trace split
 into fine sweeps, coarse levels, passes over its slice (bulk), messages with their waits
-(comm) and the rest, beside the projection's split of its critical path.
+(comm) and the rest, beside the projection's split of its critical path. ``--events N``: under
+each row of several ranks, every rank's N longest event kinds of its timed trace (a message's
+window holds that rank's wait for its peers: where the split's comm went).
 
 The chunk length is ``cfactor="auto"`` for P ranks (what ``mgrit-gru train --time-parallel``
 uses). "trained": the main job's checkpoint, ``runs/trained-models/smnist/run`` by default (made
@@ -70,6 +73,13 @@ def main() -> int:
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--cfactors", type=int, nargs="+", help="project these chunk lengths only")
+    p.add_argument(
+        "--events",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each row of several ranks, every rank's N longest event kinds",
+    )
     args = p.parse_args()
     warnings.simplefilter("ignore")
     if args.dry_run:
@@ -217,7 +227,17 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             + ("" if same in ("yes", "-") else "  TRACE DIFFERS"),
             flush=True,
         )
+        if args.events and key in real:
+            _print_events(real[key]["by_event"], args.events)
     return rows
+
+
+def _print_events(ranks: list, n: int) -> None:
+    """Every rank's ``n`` longest event kinds of its timed trace (what, kind, level: count,
+    ms); a message's window holds the rank's wait for its peers."""
+    for rank, events in enumerate(ranks):
+        top = ", ".join(f"{w} {k} {lv}: {c}x {ms:.1f} ms" for w, k, lv, c, ms in events[:n])
+        print(f"{'':>8}rank {rank}: {top}")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 from mgrit_gru import calibrate, cost, trace  # noqa: E402
 from mgrit_gru.cost import cpu_name  # noqa: E402
 from mgrit_gru.projection import record  # noqa: E402
-from mgrit_gru.projection.replay import measured_split  # noqa: E402
+from mgrit_gru.projection.replay import by_event, measured_split  # noqa: E402
 
 CHECKPOINT = ROOT / "runs" / "trained-models" / "smnist" / "run"
 SOLVERS = ("serial", "auto", "mgrit", "budget")
@@ -130,19 +130,6 @@ def sequence_passes(events, T: int, B: int, cycles_f: int, cycles_b: int) -> str
     total = [sweeps[k] + bulk[k] for k in sweeps]
     per = [f"{sweeps[k] / c:.1f}" if c else "-" for k, c in zip(sweeps, (cycles_f, cycles_b))]
     return f"{total[0]:.1f} / {total[1]:.1f} ({per[0]} / {per[1]})"
-
-
-def by_event(events) -> list:
-    """``[(what, kind, level, count, ms)]`` of a timed trace, the longest first: an event's
-    window is the time since the one before it (a message's holds the host's work before it:
-    an exit check's comparison, a residual's)."""
-    agg: dict = {}
-    for e in events:
-        key = (e.what, e.kind, e.level)
-        n, sec = agg.get(key, (0, 0.0))
-        agg[key] = (n + 1, sec + e.seconds)
-    rows = [(*k, n, round(1e3 * sec, 2)) for k, (n, sec) in agg.items()]
-    return sorted(rows, key=lambda r: -r[4])
 
 
 def measure(weights, T, B, args, load: str) -> list[dict]:

@@ -200,20 +200,27 @@ def test_cli_project_defaults_fit_the_shape(capsys):
 def test_scaling_benchmark_dry_run():
     """benchmarks/scaling.py (the paper's experiment on real ranks) end to end at P = 1, 2
     on a tiny shape: every row printed, the real ranks' traces equal to one process's
-    expanded, the measured split of the slowest rank beside the projection's."""
+    expanded, the measured split of the slowest rank beside the projection's, and under each
+    row of two ranks both ranks' longest event kinds (``--events``)."""
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run(
-        [sys.executable, "benchmarks/scaling.py", "--dry-run"],
+        [sys.executable, "benchmarks/scaling.py", "--dry-run", "--events", "3"],
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
-    rows = [line.split() for line in run.stdout.splitlines() if line.strip().startswith("256 ")]
+    lines = run.stdout.splitlines()
+    rows = [line.split() for line in lines if line.strip().startswith("256 ")]
     assert {(r[1], r[2]) for r in rows} >= {("budget", "1"), ("budget", "2"), ("mgrit", "2")}
     assert "TRACE DIFFERS" not in run.stdout and "comm" in run.stdout
+    two = [i for i, line in enumerate(lines) if line.split()[:3] == ["256", "mgrit", "2"]]
+    events = lines[two[0] + 1 : two[0] + 3]  # rank 0's and rank 1's, three kinds each
+    assert [e.split(":")[0].strip() for e in events] == ["rank 0", "rank 1"], run.stdout
+    entry = r"(work|bulk|message|phase) [\w ]+ -?\d+: \d+x [\d.]+ ms"
+    assert all(re.fullmatch(rf"\s*rank \d: {entry}(, {entry}){{2}}", e) for e in events), events
 
 
 def test_threads_share_the_sweeps_rows_and_the_passes():

@@ -106,6 +106,19 @@ def measured_split(events: list[Event]) -> dict:
     return out
 
 
+def by_event(events: list[Event]) -> list[tuple]:
+    """``[(what, kind, level, count, ms)]`` of a timed trace, the longest first: an event's
+    window is the time since the one before it (a message's holds the host's work before it,
+    and on a rank its wait: an exit check's comparison, a residual's, a peer still busy)."""
+    agg: dict = {}
+    for e in events:
+        key = (e.what, e.kind, e.level)
+        n, sec = agg.get(key, (0, 0.0))
+        agg[key] = (n + 1, sec + e.seconds)
+    rows = [(*k, n, round(1e3 * sec, 2)) for k, (n, sec) in agg.items()]
+    return sorted(rows, key=lambda r: -r[4])
+
+
 def comparable(events: list[Event]) -> list[tuple]:
     """What must agree between a real rank's trace and its expansion: the work (kind, level,
     rows, calls) and the messages (kind, items, bytes, peer), without markers, ops or times."""
