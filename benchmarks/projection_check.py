@@ -61,6 +61,39 @@ def config_step(cfg: dict, cfactor: int, time_group=None):
     )
 
 
+def alone_step(cfg: dict, tg):
+    """This rank's slice of the configuration's step solved by this process alone (no time
+    group, no messages): the same inputs, weights, solver and chunk length over the rank's
+    steps (the slice starts from a zero state and has its own loss weights: the same work,
+    not the same numbers)."""
+    from mgrit_gru.distributed import scatter_time
+
+    weights, inp = None, cfg["input"]
+    if cfg.get("checkpoint"):
+        weights, inputs, inp, _, _ = record.from_run(cfg["checkpoint"], cfg["T"], cfg["batch"])
+    else:  # training_step's random inputs: its generator's first draw
+        gen = torch.Generator().manual_seed(0)
+        inputs = torch.randn(cfg["T"], cfg["batch"], inp, generator=gen)
+    mine = scatter_time(inputs, tg, cfg["cfactor"]).contiguous()
+    return record.training_step(
+        mine.shape[0], cfg["batch"], inp, cfg["hidden"], cfg["solver"], cfg["cfactor"], 1,
+        weights, mine,
+    )  # fmt: skip
+
+
+def _least(step, repeats: int, dist) -> float:
+    """The slowest rank's least time of ``step`` over ``repeats`` calls begun together."""
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(float(elapsed))
+    return min(times)
+
+
 def worker(path: str) -> None:
     """One rank of the torchrun job: the ping-pong, then every configuration's timing,
     trace, loss and gradient."""
@@ -79,14 +112,14 @@ def worker(path: str) -> None:
     for cfg in job["configs"]:
         step = config_step(cfg, cfg["cfactor"], tg)
         step()
-        times = []
-        for _ in range(cfg["repeats"]):
-            dist.barrier()
-            start = time.perf_counter()
-            step()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            times.append(float(elapsed))
+        alone = alone_step(cfg, tg) if job.get("alone") else None
+        if alone is not None:
+            alone()
+        seconds, alone_seconds = [], []
+        for _ in range(cfg["repeats"]):  # interleaved: the same load for both
+            seconds.append(_least(step, 1, dist))
+            if alone is not None:
+                alone_seconds.append(_least(alone, 1, dist))
         with trace.record(timed=True) as t:  # timed: where this rank's time went
             module = step()
         loss = torch.tensor([step.loss], dtype=torch.float64)
@@ -95,7 +128,8 @@ def worker(path: str) -> None:
         out["points"].append(
             {
                 "key": cfg["key"],
-                "seconds": min(times),
+                "seconds": min(seconds),
+                "alone_seconds": min(alone_seconds) if alone_seconds else None,
                 "events": [list(c) for c in comparable(t.events)],
                 "loss": float(loss),
                 "grad_w_hh": float(module.weight_hh_l0.grad.double().norm()),
@@ -249,6 +283,7 @@ def _same_result(point: dict, step) -> str:
 def _torchrun(P: int, keys, configs, args) -> tuple[dict, object]:
     with tempfile.TemporaryDirectory() as tmp:
         job = {
+            "alone": getattr(args, "alone", False),
             "batch": args.batch,
             "hidden": configs[keys[0]]["hidden"],
             "out": str(Path(tmp) / "out"),

@@ -16,7 +16,11 @@ mgrit_gru.projection (this CPU's model measured at the start, the loopback link 
 ping-pong inside each torchrun job) from one process's trace expanded to P ranks, and the
 ratio predicted / measured. Where the time went: the slowest rank's own timed trace split
 into fine sweeps, coarse levels, passes over its slice (bulk), messages with their waits
-(comm) and the rest, beside the projection's split of its critical path. ``--events N``: under
+(comm) and the rest, beside the projection's split of its critical path. ``alone``: in the same
+job, interleaved with the P-rank steps, each rank's own slice solved by that process alone (no
+time group, no messages; the same inputs, solver and chunk length), the slowest rank's least;
+``x alone``: the P-rank step over that: what the ranks' messages and waits for each other cost
+beyond the slice's own work (the cores' shared caches and memory are in both). ``--events N``: under
 each row of several ranks, every rank's N longest event kinds of its timed trace (a message's
 window holds that rank's wait for its peers: where the split's comm went).
 
@@ -171,7 +175,7 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             for k in keys:
                 measured[k] = machines.time_step(traces[k][2], args.repeats, least=True)
             continue
-        ns = argparse.Namespace(batch=B, repeats=args.repeats)
+        ns = argparse.Namespace(batch=B, repeats=args.repeats, alone=True)
         got, link_measured = pc._torchrun(P, keys, configs, ns)
         link = link_measured or link
         for k, point in got.items():
@@ -182,8 +186,8 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
     )
     print(
         f"{'T':>6} {'solver':<7} {'P':>2} {'m':>4} {'cycles':>6} {'meas ms':>8} {'x serial':>8} "
-        f"{'x torch':>7} {'effic':>6} {'pred ms':>8} {'ratio':>5}  where the time went "
-        "(measured | predicted)"
+        f"{'x torch':>7} {'effic':>6} {'alone':>6} {'x alone':>7} {'pred ms':>8} {'ratio':>5}  "
+        "where the time went (measured | predicted)"
     )
     for T in args.T:
         serial, torch_s = baselines[(T, "serial")], baselines[(T, "torch")]
@@ -204,8 +208,9 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
         pred = replay(expand(t, P), Machine(device, link))
         serial, torch_s = baselines[(T, "serial")], baselines[(T, "torch")]
         eff = one / (P * meas) if one else float("nan")
-        split_meas, same = {}, "-"
+        split_meas, same, alone = {}, "-", None
         if key in real:
+            alone = real[key].get("alone_seconds")
             splits = real[key]["splits"]
             slowest = max(range(P), key=lambda r: sum(splits[r].values()))
             split_meas = splits[slowest]
@@ -216,6 +221,8 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             "measured_ms": 1e3 * meas, "x_serial": serial / meas, "x_torch": torch_s / meas,
             "efficiency": eff, "predicted_ms": 1e3 * pred.seconds,
             "ratio": pred.seconds / meas, "split_measured": split_meas,
+            "alone_ms": None if alone is None else 1e3 * alone,
+            "x_alone": None if alone is None else meas / alone,
             "split_predicted": pred.split, "trace_equal": same,
         }  # fmt: skip
         rows.append(row)
@@ -223,7 +230,12 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
         print(
             f"{T:>6} {solver:<7} {P:>2} {cfg['cfactor']:>4} {row['cycles']:>6} "
             f"{1e3 * meas:>8.1f} {row['x_serial']:>8.2f} {row['x_torch']:>7.2f} {eff:>6.2f} "
-            f"{1e3 * pred.seconds:>8.1f} {row['ratio']:>5.2f}  {where}"
+            + (
+                f"{'-':>6} {'-':>7} "
+                if alone is None
+                else f"{1e3 * alone:>6.1f} {meas / alone:>7.2f} "
+            )
+            + f"{1e3 * pred.seconds:>8.1f} {row['ratio']:>5.2f}  {where}"
             + ("" if same in ("yes", "-") else "  TRACE DIFFERS"),
             flush=True,
         )

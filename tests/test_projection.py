@@ -200,8 +200,9 @@ def test_cli_project_defaults_fit_the_shape(capsys):
 def test_scaling_benchmark_dry_run():
     """benchmarks/scaling.py (the paper's experiment on real ranks) end to end at P = 1, 2
     on a tiny shape: every row printed, the real ranks' traces equal to one process's
-    expanded, the measured split of the slowest rank beside the projection's, and under each
-    row of two ranks both ranks' longest event kinds (``--events``)."""
+    expanded, the measured split of the slowest rank beside the projection's, the ranks'
+    slices solved alone beside each row of two ranks, and under it both ranks' longest event
+    kinds (``--events``)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -216,6 +217,14 @@ def test_scaling_benchmark_dry_run():
     rows = [line.split() for line in lines if line.strip().startswith("256 ")]
     assert {(r[1], r[2]) for r in rows} >= {("budget", "1"), ("budget", "2"), ("mgrit", "2")}
     assert "TRACE DIFFERS" not in run.stdout and "comm" in run.stdout
+    for r in (r for r in rows if r[1] in ("budget", "mgrit")):  # each P-rank row: its ranks'
+        # slices alone, and the P-rank step over that
+        if r[2] == "1":
+            assert r[9:11] == ["-", "-"], r
+        else:
+            assert float(r[9]) > 0 and float(r[10]) == pytest.approx(
+                float(r[5]) / float(r[9]), 0.02
+            )
     two = [i for i, line in enumerate(lines) if line.split()[:3] == ["256", "mgrit", "2"]]
     events = lines[two[0] + 1 : two[0] + 3]  # rank 0's and rank 1's, three kinds each
     assert [e.split(":")[0].strip() for e in events] == ["rank 0", "rank 1"], run.stdout
