@@ -112,14 +112,19 @@ def worker(path: str) -> None:
     for cfg in job["configs"]:
         step = config_step(cfg, cfg["cfactor"], tg)
         step()
-        alone = alone_step(cfg, tg) if job.get("alone") else None
-        if alone is not None:
+        alone = whole = None
+        if job.get("alone"):
+            alone = alone_step(cfg, tg)
             alone()
-        seconds, alone_seconds = [], []
-        for _ in range(cfg["repeats"]):  # interleaved: the same load for both
+            # the whole sequence in one process: rank 0, the others idle at the barrier
+            whole = config_step(cfg, cfg["cfactor"]) if rank == 0 else (lambda: None)
+            whole()
+        seconds, alone_seconds, whole_seconds = [], [], []
+        for _ in range(cfg["repeats"]):  # interleaved: the same load for all three
             seconds.append(_least(step, 1, dist))
             if alone is not None:
                 alone_seconds.append(_least(alone, 1, dist))
+                whole_seconds.append(_least(whole, 1, dist))
         with trace.record(timed=True) as t:  # timed: where this rank's time went
             module = step()
         loss = torch.tensor([step.loss], dtype=torch.float64)
@@ -130,6 +135,7 @@ def worker(path: str) -> None:
                 "key": cfg["key"],
                 "seconds": min(seconds),
                 "alone_seconds": min(alone_seconds) if alone_seconds else None,
+                "whole_seconds": min(whole_seconds) if whole_seconds else None,
                 "events": [list(c) for c in comparable(t.events)],
                 "loss": float(loss),
                 "grad_w_hh": float(module.weight_hh_l0.grad.double().norm()),

@@ -11,7 +11,10 @@ with the projection beside every row and where each row's critical path went.
 Per (weights, T, solver, P), measured: the training step (the slowest rank's, the least of
 ``--repeats``; P = 1 in this process), its speed-up over the serial solver's step and over
 torch.nn.GRU's (both measured here, one process, one thread), and the parallel efficiency
-(the solver's own one-rank step / (P x its P-rank step)). Predicted: the projection of
+(the solver's own one-rank step / (P x its P-rank step); for P > 1 that one-rank step is timed
+inside the ranks' job, interleaved with theirs, by rank 0 while the others wait: this VM's speed
+drifts by up to 1.8x over minutes, so a one-rank time from outside the job could not be
+compared). Predicted: the projection of
 mgrit_gru.projection (this CPU's model measured at the start, the loopback link measured by a
 ping-pong inside each torchrun job) from one process's trace expanded to P ranks, and the
 ratio predicted / measured. Where the time went: the slowest rank's own timed trace split
@@ -208,9 +211,13 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
         pred = replay(expand(t, P), Machine(device, link))
         serial, torch_s = baselines[(T, "serial")], baselines[(T, "torch")]
         eff = one / (P * meas) if one else float("nan")
-        split_meas, same, alone = {}, "-", None
+        split_meas, same, alone, whole = {}, "-", None, None
         if key in real:
             alone = real[key].get("alone_seconds")
+            whole = real[key].get("whole_seconds")
+            if whole:  # one process's step timed in the same job, interleaved: the efficiency
+                eff = whole / (P * meas)  # under the same load as the ranks'
+
             splits = real[key]["splits"]
             slowest = max(range(P), key=lambda r: sum(splits[r].values()))
             split_meas = splits[slowest]
@@ -222,6 +229,7 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             "efficiency": eff, "predicted_ms": 1e3 * pred.seconds,
             "ratio": pred.seconds / meas, "split_measured": split_meas,
             "alone_ms": None if alone is None else 1e3 * alone,
+            "one_rank_in_job_ms": None if whole is None else 1e3 * whole,
             "x_alone": None if alone is None else meas / alone,
             "split_predicted": pred.split, "trace_equal": same,
         }  # fmt: skip
