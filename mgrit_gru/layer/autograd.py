@@ -131,9 +131,19 @@ def _gradients(adj, x, w_ih, w_hh, points, cell, comm, need_x: bool) -> tuple:
     d_h0 = adj.lam_rev[T].clone()
     if not comm.first:  # parameters and h0 are shared by the time slices
         d_h0.zero_()
-    for grad in (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0):
-        comm.sum_(grad)
+    _sum_together(comm, (d_w_ih, d_w_hh, d_b_ih, d_b_hh, d_h0))
     return d_x, d_h0, d_w_ih, d_w_hh, d_b_ih, d_b_hh
+
+
+def _sum_together(comm, tensors: tuple) -> None:
+    """``tensors`` summed over a time group's ranks, in place, in one all-reduce (one message
+    and one wait for the slowest rank, not one per tensor: each costs a message's latency,
+    98-264 us over gloo's loopback here); a sum is elementwise: the same values, up to the
+    order in which more than two ranks' additions meet."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    comm.sum_(flat)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
 
 
 def _compiled_gradients(adj, cell, x, w_ih, points, d_x, grads) -> bool:
