@@ -396,10 +396,14 @@ class _Solver:
         """
         refresh = getattr(self.ops[level + 1], "refresh", None)
         factors = None if refresh is None else self.ops[level].chunk_factors()
-        if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs
-            c_points = torch.cat([self.comm.gather(u[0]), self.comm.last(uend).unsqueeze(0)])
-            propagated = self.comm.gather(propagated)
-            factors = None if factors is None else self.comm.gather(factors)
+        if level == 0:  # chunks may be spread over ranks: gather what the coarse level needs,
+            # in one message per correction (its C-points, their propagated values and the
+            # chunk factors side by side per chunk), not one each
+            local = [u[0], propagated] + ([] if factors is None else [factors])
+            gathered = self.comm.gather(torch.stack(local, 1))  # (chunks, 2 or 3, *S)
+            c_points = torch.cat([gathered[:, 0], self.comm.last(uend).unsqueeze(0)])
+            propagated = gathered[:, 1].contiguous()
+            factors = None if factors is None else gathered[:, 2].contiguous()
             solve = functools.partial(self.coarse_solve, level, c_points, propagated, factors)
             solved = self.comm.solve_coarse(solve, u.shape[1], uend)
         else:
