@@ -64,8 +64,9 @@ def config_step(cfg: dict, cfactor: int, time_group=None):
 def alone_step(cfg: dict, tg):
     """This rank's slice of the configuration's step solved by this process alone (no time
     group, no messages): the same inputs, weights, solver and chunk length over the rank's
-    steps (the slice starts from a zero state and has its own loss weights: the same work,
-    not the same numbers)."""
+    steps. Not the same numbers (the slice starts from a zero state, has its own loss weights
+    and its own coarse grid over its chunks, and the one-process cost guard) and, to a
+    tolerance, not always the same cycles: the worker reports them beside it."""
     from mgrit_gru.distributed import scatter_time
 
     weights, inp = None, cfg["input"]
@@ -119,12 +120,15 @@ def worker(path: str) -> None:
             # the whole sequence in one process: rank 0, the others idle at the barrier
             whole = config_step(cfg, cfg["cfactor"]) if rank == 0 else (lambda: None)
             whole()
-        seconds, alone_seconds, whole_seconds = [], [], []
+        seconds, alone_seconds, whole_seconds, alone_cycles = [], [], [], None
         for _ in range(cfg["repeats"]):  # interleaved: the same load for all three
             seconds.append(_least(step, 1, dist))
             if alone is not None:
                 alone_seconds.append(_least(alone, 1, dist))
                 whole_seconds.append(_least(whole, 1, dist))
+        if alone is not None:  # the slice's own solve may take other cycles than the ranks'
+            last = alone().last_stats
+            alone_cycles = [last.forward_iterations, last.backward_iterations]
         with trace.record(timed=True) as t:  # timed: where this rank's time went
             module = step()
         loss = torch.tensor([step.loss], dtype=torch.float64)
@@ -136,6 +140,7 @@ def worker(path: str) -> None:
                 "seconds": min(seconds),
                 "alone_seconds": min(alone_seconds) if alone_seconds else None,
                 "whole_seconds": min(whole_seconds) if whole_seconds else None,
+                "alone_cycles": alone_cycles,
                 "events": [list(c) for c in comparable(t.events)],
                 "loss": float(loss),
                 "grad_w_hh": float(module.weight_hh_l0.grad.double().norm()),
@@ -318,6 +323,7 @@ def _torchrun(P: int, keys, configs, args) -> tuple[dict, object]:
         point["events"] = [r["points"][i]["events"] for r in ranks]
         point["splits"] = [r["points"][i]["seconds_split"] for r in ranks]
         point["by_event"] = [r["points"][i]["by_event"] for r in ranks]
+        point["alone_cycles"] = [r["points"][i]["alone_cycles"] for r in ranks]
         got[k] = point
     link = None
     if "link" in ranks[0]:

@@ -11,10 +11,11 @@ with the projection beside every row and where each row's critical path went.
 Per (weights, T, solver, P), measured: the training step (the slowest rank's, the least of
 ``--repeats``; P = 1 in this process), its speed-up over the serial solver's step and over
 torch.nn.GRU's (both measured here, one process, one thread), and the parallel efficiency
-(the solver's own one-rank step / (P x its P-rank step); for P > 1 that one-rank step is timed
-inside the ranks' job, interleaved with theirs, by rank 0 while the others wait: this VM's speed
-drifts by up to 1.8x over minutes, so a one-rank time from outside the job could not be
-compared). Predicted: the projection of
+(the solver's own one-rank step / (P x its P-rank step); for P > 1 that one-rank step, at the
+P-rank chunk length, is timed inside the ranks' job, interleaved with theirs, by rank 0 while
+the others wait: this VM's speed drifts by up to 1.8x over minutes, so a one-rank time from
+outside the job could not be compared; ``x serial`` and ``x torch`` still divide baselines
+timed before the job). Predicted: the projection of
 mgrit_gru.projection (this CPU's model measured at the start, the loopback link measured by a
 ping-pong inside each torchrun job) from one process's trace expanded to P ranks, and the
 ratio predicted / measured. Where the time went: the slowest rank's own timed trace split
@@ -22,8 +23,11 @@ into fine sweeps, coarse levels, passes over its slice (bulk), messages with the
 (comm) and the rest, beside the projection's split of its critical path. ``alone``: in the same
 job, interleaved with the P-rank steps, each rank's own slice solved by that process alone (no
 time group, no messages; the same inputs, solver and chunk length), the slowest rank's least;
-``x alone``: the P-rank step over that: what the ranks' messages and waits for each other cost
-beyond the slice's own work (the cores' shared caches and memory are in both). ``--events N``: under
+``x alone``: the P-rank step over that: what the ranks' messages, their waits for each other
+and the coarse grid that each solves whole cost beyond the slice's own work (the cores' shared
+caches and memory are in both); where a slice alone took other cycles than the ranks (to a
+tolerance its residuals differ), the row says so (``alone cycles``), and the ratio holds only
+roughly. ``--events N``: under
 each row of several ranks, every rank's N longest event kinds of its timed trace (a message's
 window holds that rank's wait for its peers: where the split's comm went).
 
@@ -230,6 +234,7 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
             "ratio": pred.seconds / meas, "split_measured": split_meas,
             "alone_ms": None if alone is None else 1e3 * alone,
             "one_rank_in_job_ms": None if whole is None else 1e3 * whole,
+            "alone_cycles": real.get(key, {}).get("alone_cycles"),
             "x_alone": None if alone is None else meas / alone,
             "split_predicted": pred.split, "trace_equal": same,
         }  # fmt: skip
@@ -244,12 +249,23 @@ def _weights_rows(kind: str, base: dict, device, args) -> list[dict]:
                 else f"{1e3 * alone:>6.1f} {meas / alone:>7.2f} "
             )
             + f"{1e3 * pred.seconds:>8.1f} {row['ratio']:>5.2f}  {where}"
-            + ("" if same in ("yes", "-") else "  TRACE DIFFERS"),
+            + ("" if same in ("yes", "-") else "  TRACE DIFFERS")
+            + _other_cycles(real.get(key), stats),
             flush=True,
         )
         if args.events and key in real:
             _print_events(real[key]["by_event"], args.events)
     return rows
+
+
+def _other_cycles(point, stats) -> str:
+    """ "  alone cycles f/b, ..." where a rank's slice solved alone took other cycles than the
+    ranks' solve (then its ``x alone`` compares unlike work), else ""."""
+    cycles = (point or {}).get("alone_cycles") or []
+    ranks = [stats.forward_iterations, stats.backward_iterations]
+    if not cycles or all(c == ranks for c in cycles):
+        return ""
+    return "  alone cycles " + ", ".join(f"{f}/{b}" for f, b in cycles)
 
 
 def _print_events(ranks: list, n: int) -> None:

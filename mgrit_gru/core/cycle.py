@@ -566,7 +566,7 @@ def solve(
     u = u0.new_empty((first.m, first.n, *u0.shape)) if work is None else work
     # the C-points start at u0; the first F-relaxation runs to its end and writes every
     # F-point before anything reads one (a fill of all of them was a pass over the whole
-    # sequence: 1.5-3% of a training step at B = 16)
+    # sequence: 7 ms a solve, about 1.7% of MGRIT's training step at B = 16, one thread)
     u[0].copy_(u0.expand(first.n, *u0.shape))
     uend = u0.clone()
     comm = comm or LocalComm()
