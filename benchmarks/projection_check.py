@@ -61,38 +61,29 @@ def config_step(cfg: dict, cfactor: int, time_group=None):
     )
 
 
-def alone_step(cfg: dict, tg):
-    """This rank's slice of the configuration's step solved by this process alone (no time
-    group, no messages): the same inputs, weights, solver and chunk length over the rank's
-    steps. Not the same numbers (the slice starts from a zero state, has its own loss weights
-    and its own coarse grid over its chunks, and the one-process cost guard) and, to a
-    tolerance, not always the same cycles: the worker reports them beside it."""
+def alone_step(cfg: dict, tg, full):
+    """This rank's slice of ``full`` (the configuration's step over the whole sequence, no
+    time group) solved by this process alone, with no messages: its inputs' slice, its
+    weights, solver and chunk length. Not the same numbers (the slice starts from a zero state,
+    has its own loss weights, its own coarse grid over its chunks and the one-process cost
+    guard) and, to a tolerance, not always the same cycles: the worker reports them beside it."""
     from mgrit_gru.distributed import scatter_time
 
-    weights, inp = None, cfg["input"]
-    if cfg.get("checkpoint"):
-        weights, inputs, inp, _, _ = record.from_run(cfg["checkpoint"], cfg["T"], cfg["batch"])
-    else:  # training_step's random inputs: its generator's first draw
-        gen = torch.Generator().manual_seed(0)
-        inputs = torch.randn(cfg["T"], cfg["batch"], inp, generator=gen)
-    mine = scatter_time(inputs, tg, cfg["cfactor"]).contiguous()
+    mine = scatter_time(full.inputs, tg, cfg["cfactor"]).contiguous()
     return record.training_step(
-        mine.shape[0], cfg["batch"], inp, cfg["hidden"], cfg["solver"], cfg["cfactor"], 1,
-        weights, mine,
+        mine.shape[0], cfg["batch"], mine.shape[-1], cfg["hidden"], cfg["solver"],
+        cfg["cfactor"], 1, full.weights, mine,
     )  # fmt: skip
 
 
-def _least(step, repeats: int, dist) -> float:
-    """The slowest rank's least time of ``step`` over ``repeats`` calls begun together."""
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(float(elapsed))
-    return min(times)
+def _slowest(step, dist) -> float:
+    """One call of ``step`` begun together on every rank: the slowest rank's seconds."""
+    dist.barrier()
+    start = time.perf_counter()
+    step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
 
 
 def worker(path: str) -> None:
@@ -115,17 +106,17 @@ def worker(path: str) -> None:
         step()
         alone = whole = None
         if job.get("alone"):
-            alone = alone_step(cfg, tg)
+            full = config_step(cfg, cfg["cfactor"])  # the whole sequence in one process
+            alone = alone_step(cfg, tg, full)
             alone()
-            # the whole sequence in one process: rank 0, the others idle at the barrier
-            whole = config_step(cfg, cfg["cfactor"]) if rank == 0 else (lambda: None)
-            whole()
+            whole = full if rank == 0 else (lambda: None)  # rank 0's; the others idle at the
+            whole()  # barrier
         seconds, alone_seconds, whole_seconds, alone_cycles = [], [], [], None
         for _ in range(cfg["repeats"]):  # interleaved: the same load for all three
-            seconds.append(_least(step, 1, dist))
+            seconds.append(_slowest(step, dist))
             if alone is not None:
-                alone_seconds.append(_least(alone, 1, dist))
-                whole_seconds.append(_least(whole, 1, dist))
+                alone_seconds.append(_slowest(alone, dist))
+                whole_seconds.append(_slowest(whole, dist))
         if alone is not None:  # the slice's own solve may take other cycles than the ranks'
             last = alone().last_stats
             alone_cycles = [last.forward_iterations, last.backward_iterations]

@@ -93,6 +93,7 @@ def training_step(
         step.loss = float(loss.detach())
         return module
 
+    step.inputs, step.weights = x, weights  # what it solves (a time group's: its slice)
     return step
 
 
