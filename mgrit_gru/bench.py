@@ -22,6 +22,7 @@ import torch
 
 from . import memory
 from .app.config import parse_device, torch_module_name
+from .layer.solve import step_kind
 from .lstm.module import LSTM
 from .module import GRU
 from .options import MGRIT, Auto, Budget, auto_cfactor
@@ -454,7 +455,8 @@ def time_parallel_options(spec: str, T: int, batch: int, hidden: int) -> MGRIT:
     if isinstance(opts, Auto):  # its tries' cost guard is off across ranks anyway
         opts = opts.mgrit.replace(guard=replace(opts.mgrit.guard, cost=False))
     if opts.cfactor == "auto":
-        opts = opts.replace(cfactor=auto_cfactor(T, batch, hidden, options=opts))
+        m = auto_cfactor(T, batch, hidden, options=opts, kind=step_kind())
+        opts = opts.replace(cfactor=m)
     return opts
 
 

@@ -467,6 +467,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _print_tables(row: dict, name: str) -> None:
+    from .layer.solve import step_kind
     from .options import auto_cfactor
 
     builtin = cost.BUILTIN["cpu"]
@@ -483,10 +484,11 @@ def _print_tables(row: dict, name: str) -> None:
             for e in (row.get(kind), builtin[kind])
         ]
         print(f"  {kind:<18} {cells[0]:<40}   {cells[1]}")
-    print('cfactor="auto" (o/c of "step" drives it):')
+    step = step_kind()  # the kind of step this process's kernels run
+    print(f'cfactor="auto" (o/c of "{step}" drives it: the steps this process runs):')
     for T, B, H in SHAPES:
         picks = []
         for table in (row, builtin):
             with cost.use(table):
-                picks.append(auto_cfactor(T, B, H))
+                picks.append(auto_cfactor(T, B, H, kind=step))
         print(f"  T={T:<6} B={B:<3} H={H:<4} {name}: {picks[0]:<4} built-in: {picks[1]}")

@@ -396,13 +396,21 @@ class MGRIT:
         return self.relax
 
     def resolve(
-        self, steps: int, batch: int, hidden: int, device: str = "cpu", ranks: int = 1
+        self,
+        steps: int,
+        batch: int,
+        hidden: int,
+        device: str = "cpu",
+        ranks: int = 1,
+        kind: str = "step",
     ) -> MGRIT:
         """These options for one call of ``steps`` (global) time steps over ``ranks``
-        time-parallel ranks: ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
+        time-parallel ranks whose fine steps are the cost model's ``kind``:
+        ``cfactor="auto"`` replaced by :func:`auto_cfactor`."""
         if self.cfactor != "auto":
             return self
-        return replace(self, cfactor=auto_cfactor(steps, batch, hidden, device, self, ranks))
+        m = auto_cfactor(steps, batch, hidden, device, self, ranks, kind)
+        return replace(self, cfactor=m)
 
     def num_levels(self, steps: int) -> int:
         """Levels actually used for a sequence of ``steps`` time steps."""
@@ -485,11 +493,14 @@ def auto_cfactor(
     device: str = "cpu",
     options: Optional[MGRIT] = None,
     ranks: int = 1,
+    kind: str = "step",
 ) -> int:
     """The chunk length m for ``cfactor="auto"``: the power of two at or below
-    ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows`` the step overhead in rows of
-    :func:`mgrit_gru.cost.overhead_rows`, or without early exit nearest to ``steps * batch /
-    (ROWS_PER_STEP[device] * 64 / hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]. Rounding
+    ``sqrt(EXIT_STEPS * steps * batch / rows)`` with ``rows`` the fixed part of a fine step
+    of the cost model's ``kind`` in rows (:func:`mgrit_gru.cost.overhead_rows`: "sweep" for
+    the compiled CPU sweeps, :func:`mgrit_gru.layer.solve.step_kind`; "step" for the PyTorch
+    steps), or without early exit nearest to ``steps * batch / (ROWS_PER_STEP[device] * 64 /
+    hidden)``; clamped to [MIN_CFACTOR, MAX_CFACTOR]. Rounding
     down: a trained network needs cycles, each a full sweep of its chunks, which the random-
     init model behind the square root does not count; the trained-model benchmark favoured
     the shorter of the two neighbours (docs/measurements.md, "Trained networks").
@@ -502,22 +513,25 @@ def auto_cfactor(
     T / m steps solved whole on every rank, then grew with the ranks: with the compiled
     sweeps it was 37-57% of the critical path at 8-16 ranks in the projection, and one
     process's m projected 1.2-1.4x faster there: docs/time-parallel.md, "Scaling".)"""
-    m = _auto_cfactor(steps, batch, hidden, device, options)
+    m = _auto_cfactor(steps, batch, hidden, device, options, kind)
     while m > 2 and -(-steps // m) < ranks:
         m //= 2
     return m
 
 
-def _auto_cfactor(steps, batch, hidden, device, options) -> int:
+def _auto_cfactor(steps, batch, hidden, device, options, kind) -> int:
     early_exit = True if options is None else options.early_exit
-    kind = str(device).split(":")[0]
-    if kind not in ROWS_PER_STEP:
-        kind = "cpu"
+    where = str(device).split(":")[0]
+    if where not in ROWS_PER_STEP:
+        where = "cpu"
     if early_exit:
-        ideal = math.sqrt(EXIT_STEPS * steps * batch / cost.overhead_rows(hidden, device))
+        # (a step's fixed part counted as at least one row: the compiled sweeps' is about
+        # zero at small H in the table, where the rule would divide by it)
+        rows = max(cost.overhead_rows(hidden, device, kind), 1.0)
+        ideal = math.sqrt(EXIT_STEPS * steps * batch / rows)
         m = 2 ** math.floor(math.log2(max(ideal, 1.0)))
     else:
-        ideal = steps * batch / (ROWS_PER_STEP[kind] * 64 / max(hidden, 1))
+        ideal = steps * batch / (ROWS_PER_STEP[where] * 64 / max(hidden, 1))
         m = 2 ** round(math.log2(max(ideal, 1.0)))
     return int(min(max(m, MIN_CFACTOR), MAX_CFACTOR))
 

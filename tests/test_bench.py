@@ -147,10 +147,12 @@ def test_time_parallel_rows_resolve_the_automatic_settings():
     """Across ranks the split needs a number and the choice is off: the bench's default
     settings give MGRIT with the cfactor that "auto" picks for the shape."""
     from mgrit_gru.bench import time_parallel_options
+    from mgrit_gru.layer.solve import step_kind
     from mgrit_gru.options import auto_cfactor
 
     for spec in ("auto", "default"):
         opts = time_parallel_options(spec, 65536, 4, 64)
-        assert isinstance(opts, mgrit_gru.MGRIT) and opts.cfactor == auto_cfactor(65536, 4, 64)
+        m = auto_cfactor(65536, 4, 64, kind=step_kind())
+        assert isinstance(opts, mgrit_gru.MGRIT) and opts.cfactor == m
         assert opts == mgrit_gru.MGRIT(cfactor=opts.cfactor)
     assert time_parallel_options("cfactor=32,relax=F", 4096, 4, 64).cfactor == 32

@@ -12,6 +12,7 @@ import torch
 
 from mgrit_gru import calibrate, cost
 from mgrit_gru.cli import main
+from mgrit_gru.layer.solve import step_kind
 from mgrit_gru.options import auto_cfactor
 
 ROW = {
@@ -158,8 +159,15 @@ def test_calibrate_command(monkeypatch, capsys):
     assert main(["calibrate"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "cached in" in out and "this machine" in out and "built-in" in out
-    assert "T=16384 B=4 H=64 this machine: 256 built-in: 128" in out
-    assert "T=784 B=32 H=64 this machine: 128 built-in: 64" in out
+    # the chunk lengths from the o/c of the steps this process runs: the compiled sweeps' (a
+    # few rows' worth of fixed cost: long chunks), else the PyTorch steps'
+    step = step_kind()
+    assert f'cfactor="auto" (o/c of "{step}" drives it' in out
+    big, small = {"sweep": ("512 built-in: 512", "256 built-in: 512")}.get(
+        step, ("256 built-in: 128", "128 built-in: 64")
+    )
+    assert f"T=16384 B=4 H=64 this machine: {big}" in out
+    assert f"T=784 B=32 H=64 this machine: {small}" in out
     entry = json.loads(cost.cache_path().read_text())[cost.machine_key()]
     assert entry["cpu"] == {k: list(v) for k, v in ROW.items()} and entry["form"] == "quick"
     assert main(["calibrate", "--show"]) == 0

@@ -101,13 +101,15 @@ def test_an_explicit_mgrit_is_never_switched(mgrit_step_costs):
     asked for); with the cost guard asked for, a solve stops when dear and the result is the
     serial one, exactly."""
     ref = make_ref(3, 8)
-    gru = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT())
+    # chunks of 32 (three levels, a V-cycle to run): the compiled sweeps' own rule takes 128
+    # here, where the first relaxation and the coarse solve leave no cycle to stop
+    gru = mgrit_gru.GRU.from_torch(ref, solver=mgrit_gru.MGRIT(cfactor=32))
     mgrit_step_costs(1000.0)
     x = torch.randn(2000, 2, 3)
     for _ in range(4):
         for s in _call(gru, x, ref).solves:
             assert s.by_mgrit and not s.skipped and not s.fell_back
-    gru.solver = mgrit_gru.MGRIT(guard=mgrit_gru.Guard(cost=True))
+    gru.solver = mgrit_gru.MGRIT(cfactor=32, guard=mgrit_gru.Guard(cost=True))
     for _ in range(4):
         stats = _call(gru, x, ref)
         assert stats.forward[0].stopped == "cost" and stats.forward[0].fell_back

@@ -109,8 +109,13 @@ def test_auto_cfactor_is_resolved_per_call_and_exact_to_tolerance():
     ours = mgrit_gru.GRU.from_torch(ref, solver=tight(cfactor="auto", levels="auto"))
     x, h0 = torch.randn(5000, 2, 3), torch.randn(1, 2, 6)
     assert max(max_errors(ref, ours, x, h0)) < 1e-8
-    # the model picks m = 32 here (5000 * 2 rows are few): 5000 -> 157 -> 5 steps, 3 levels
-    assert [s.levels for s in ours.last_stats.forward] == [3]
+    # the model picks m = 32 for the PyTorch steps here (5000 * 2 rows are few): 5000 -> 157 ->
+    # 5 steps, 3 levels; longer chunks for the compiled sweeps (less fixed cost a step):
+    # 5000 -> 5000 / m <= m steps, 2 levels
+    m = ours.time_cfactor(5000, 2)
+    compiled = ours.last_stats.forward[0].kernels == "compiled"
+    assert m > 32 if compiled else m == 32
+    assert [s.levels for s in ours.last_stats.forward] == [2 if compiled else 3]
     assert ours.solver.cfactor == "auto"  # the module keeps the request, not one call's pick
 
 

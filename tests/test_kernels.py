@@ -561,3 +561,39 @@ def test_exit_checks_benchmark_dry_run():
     for line in rows:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+
+
+def test_chunk_length_benchmark_dry_run():
+    """benchmarks/chunk_length.py end to end on a tiny shape: the two chunk lengths' row with
+    positive ratios and both against the serial solve."""
+    out = _dry_run("chunk_length.py")
+    rows = [line for line in out.splitlines() if line.startswith("| random |")]
+    assert len(rows) == 1, out
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[4] == "32 -> 64" and float(cells[5].rstrip("x")) > 0, out
+    assert all(float(v.rstrip("x")) > 0 for v in cells[7].split(" -> ")), out
+
+
+def test_auto_cfactor_prices_the_steps_that_run():
+    """cfactor="auto" takes the fixed cost of the steps that will run: the compiled sweeps'
+    (a few rows' worth) where they serve the layer, the PyTorch steps' (80 rows' worth in the
+    built-in table) under kernels="pytorch"; a time group's split (time_cfactor) and a call
+    agree with it."""
+    from mgrit_gru import cost
+    from mgrit_gru.layer.solve import step_kind
+    from mgrit_gru.options import auto_cfactor
+
+    if kernels.load() is None:
+        pytest.skip(f"no compiled kernels here: {kernels.error()}")
+    with cost.use(None):  # the built-in table
+        assert step_kind("compiled") == step_kind("auto") == "sweep"
+        assert step_kind("pytorch") == step_kind("auto", "cuda") == "step"
+        assert auto_cfactor(16384, 4, 64) == 128
+        assert auto_cfactor(16384, 4, 64, kind="sweep") == 512
+        assert auto_cfactor(2000, 1, 8, kind="sweep") == 128  # sqrt(28 * 2000 / 1) = 237
+        for choice, m in (("compiled", 128), ("pytorch", 32)):
+            gru = mgrit_gru.GRU(3, 8, solver=mgrit_gru.MGRIT(tol=1e-6), kernels=choice)
+            assert gru.time_cfactor(2000, 1) == m
+            gru(torch.randn(2000, 1, 3))
+            # 2000 steps as chunks of m: 16 of 128 (two levels), 63 of 32 (three: 63 -> 2)
+            assert [s.levels for s in gru.last_stats.forward] == [2 if m == 128 else 3]

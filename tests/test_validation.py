@@ -118,6 +118,7 @@ def test_time_parallel_refuses_packed_input_before_any_exchange():
 def test_auto_cfactor_follows_the_cost_model():
     from mgrit_gru import cost
     from mgrit_gru.distributed import TimeGroup
+    from mgrit_gru.layer.solve import step_kind
     from mgrit_gru.options import auto_cfactor
 
     # CPU, early exit: the power of two at or below sqrt(28 T B / rows), rows = o / c of the
@@ -155,7 +156,8 @@ def test_auto_cfactor_follows_the_cost_model():
     gru = mgrit_gru.GRU(3, 64, time_group=tg)  # no process group needed to ask
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(TimeGroup, "size", property(lambda self: 2))
-        assert gru.time_cfactor(65536, 4) == 256  # one process's
+        # one process's, for the steps that run (the compiled sweeps' rule where they serve)
+        assert gru.time_cfactor(65536, 4) == auto_cfactor(65536, 4, 64, kind=step_kind())
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from ..stats import RunStats, SolveStats
 from .autograd import solve_layer
 from .cell import Cell
 from .control import AutoChoice, DivergenceMemory
-from .solve import implicit_of
+from .solve import implicit_of, step_kind
 
 
 class InputError(ValueError, RuntimeError):
@@ -257,9 +257,13 @@ class Recurrent(nn.Module):
         group's size, as on every rank); :func:`mgrit_gru.distributed.scatter_time` takes
         the module in its place."""
         ranks = 1 if self.time_group is None else self.time_group.size
-        device = self.weight_ih_l0.device.type
+        weight = self.weight_ih_l0
         opts = self._mgrit_options()
-        return opts.resolve(steps, batch, self.hidden_size, device, ranks).cfactor
+        kind = self._step_kind(weight.device.type, weight.dtype)
+        return opts.resolve(steps, batch, self.hidden_size, weight.device.type, ranks, kind).cfactor
+
+    def _step_kind(self, device: str, dtype: torch.dtype) -> str:
+        return step_kind(self._cell.kernels, device, dtype)
 
     def _mgrit_options(self) -> MGRIT:
         return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
@@ -460,10 +464,13 @@ class Recurrent(nn.Module):
         opts = self._mgrit_options()
         config = f"{opts!r} {self._cell!r} {self.extra_repr()}"
         size = self.time_group.size
+        kind = self._step_kind(device.type, self.weight_ih_l0.dtype)
         return TimeContext.for_slice(
             self.time_group,
             steps,
-            lambda total: opts.resolve(total, batch, self.hidden_size, device.type, size).cfactor,
+            lambda total: (
+                opts.resolve(total, batch, self.hidden_size, device.type, size, kind).cfactor
+            ),
             config,
             self.parameters(),
             lengths,
@@ -721,7 +728,8 @@ class Recurrent(nn.Module):
             u0 = x.new_zeros(directions * self.num_layers, B, self._state_size)
         solver = self._mgrit_options()
         if tg is None:
-            solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type)
+            kind = self._step_kind(x.device.type, x.dtype)
+            solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type, kind=kind)
         else:  # the chunk length the ranks' slices are aligned to
             solver = solver.replace(cfactor=tg.cfactor)
         if isinstance(self.solver, Auto) and tg is None:

@@ -388,6 +388,19 @@ def compiled_kernel(cell: Cell, x: Tensor):
     return kernels.compiled_for(kernels.check(cell.kernels or kernels.process_default()), x)
 
 
+def step_kind(choice: Optional[str] = None, device: str = "cpu", dtype=torch.float32) -> str:
+    """The cost model's kind of the fine steps that a solve on ``device`` in ``dtype`` runs
+    under kernels ``choice`` (None: the process default), for ``cfactor="auto"``: "sweep"
+    where the compiled CPU sweeps run them (a few rows' worth of fixed cost a step, where the
+    PyTorch steps have some 80-110: the rule then takes longer chunks), else "step" (the
+    PyTorch steps; also beside the Triton sweeps, whose costs are projected, not measured)."""
+    if str(device).split(":")[0] != "cpu":
+        return "step"
+    like = torch.empty(0, dtype=dtype)
+    kernel = kernels.compiled_for(kernels.check(choice or kernels.process_default()), like)
+    return "sweep" if kernel is not None and kernels_name(kernel, False) == "compiled" else "step"
+
+
 def kernels_name(kernel, torch_kernel: bool) -> str:
     """What :attr:`mgrit_gru.stats.SolveStats.kernels` reports: "torch" (torch's own kernel
     solved it serially), the compiled module's name ("compiled" for the C++ one, "triton"),

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .. import trace as tr
+from ..layer.solve import step_kind
 from ..module import GRU
 from ..options import MGRIT, Budget, auto_cfactor
 
@@ -29,8 +30,9 @@ def options(solver: str, cfactor: Optional[int]):
 
 
 def cfactor_for(steps: int, batch: int, hidden: int, device: str, ranks: int) -> int:
-    """The chunk length ``cfactor="auto"`` gives ``ranks`` time-parallel ranks."""
-    return auto_cfactor(steps, batch, hidden, device, MGRIT(), ranks)
+    """The chunk length ``cfactor="auto"`` gives ``ranks`` time-parallel ranks (with this
+    process's kernels, as a module's call would)."""
+    return auto_cfactor(steps, batch, hidden, device, MGRIT(), ranks, step_kind(None, device))
 
 
 def training_step(
