@@ -397,3 +397,30 @@ def test_lagged_early_exit_keeps_every_residual_within_tol(monkeypatch, relax):
     assert r.converged and _true_residual(a, f, u) <= tol * u.abs().max().item()
     full = (len(r.residuals) * (1 + cycle.cf_sweeps(relax))) * (m - 1) * grids[0].n
     assert ops[0].steps < full / grids[0].n
+
+
+def test_exit_checks_spread_out_in_long_chunks(monkeypatch):
+    """An early-exiting F-relaxation checks every EXIT_EVERY steps, but at most EXIT_CHECKS
+    times a sweep: in chunks of 512 every 16 steps (each check is a message between ranks).
+    A long-memory GRU, whose exits come late, counted in the trace's lagged maxima, with and
+    without the bound; the solves agree to their tolerance either way."""
+    import mgrit_gru
+    from mgrit_gru import trace
+    from mgrit_gru.core import cycle
+
+    torch.manual_seed(0)
+    gru = mgrit_gru.GRU(3, 8, solver=mgrit_gru.MGRIT(cfactor=512, tol=1e-6))
+    with torch.no_grad():
+        gru.bias_hh_l0[8:16] += 3.0  # update gates near 1: a long memory, late exits
+    x = torch.randn(4096, 2, 3)
+    counts, outs = [], []
+    for bound in (cycle.EXIT_CHECKS, 1 << 30):
+        monkeypatch.setattr(cycle, "EXIT_CHECKS", bound)
+        with trace.record() as t, torch.no_grad():
+            outs.append(gru(x)[0])
+        sweeps = gru.last_stats.forward[0].iterations + 1  # an exit sweep a cycle, and the last
+        checks = sum(e.what == trace.MESSAGE and e.kind == trace.MAX_LAGGED for e in t.events)
+        counts.append(checks)
+        assert 0 < checks <= sweeps * (511 // (4 if bound > 32 else 16))
+    assert counts[0] < counts[1]
+    assert (outs[0] - outs[1]).abs().max() < 1e-4

@@ -521,13 +521,14 @@ def test_lstm_whole_sequence_passes_equal_the_cells_pytorch_code():
         assert torch.equal(got, other)
 
 
-def _dry_run(script: str) -> str:
-    """A benchmark's --dry-run, which must succeed: its stdout (skipped without kernels)."""
+def _dry_run(script: str, *extra: str) -> str:
+    """A benchmark's --dry-run (with ``extra`` arguments), which must succeed: its stdout
+    (skipped without kernels)."""
     if kernels.load() is None:
         pytest.skip(f"no compiled kernels here: {kernels.error()}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", "--dry-run"],
+        [sys.executable, f"benchmarks/{script}", "--dry-run", *extra],
         capture_output=True, text=True, cwd=root, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
@@ -555,12 +556,14 @@ def test_coarse_maps_benchmark_dry_run():
 def test_exit_checks_benchmark_dry_run():
     """benchmarks/exit_checks.py end to end on a tiny shape: both ways' times per solver and
     thread count, and the threads' ratio row."""
-    out = _dry_run("exit_checks.py")
-    rows = [line for line in out.splitlines() if line.startswith("| random |")]
-    assert len(rows) == 3, out  # mgrit: threads 1, 2 and 2t / 1t
-    for line in rows:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+    for extra in ((), ("--spacing",)):  # where the checks are; how far apart
+        out = _dry_run("exit_checks.py", *extra)
+        rows = [line for line in out.splitlines() if line.startswith("| random |")]
+        assert len(rows) == 3, out  # mgrit: threads 1, 2 and 2t / 1t
+        for line in rows:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+    assert "every 4 steps" in out and "<= 32 a sweep" in out
 
 
 def test_chunk_length_benchmark_dry_run():

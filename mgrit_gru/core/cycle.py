@@ -39,6 +39,12 @@ EXIT_EVERY = 4
 # On CUDA a comparison is a few kernel launches and splits the sweep's one launch (the Triton
 # sweeps) in two: every 16 steps there (not yet measured on a GPU: benchmarks/gpu_check.sh).
 EXIT_EVERY_CUDA = 16
+# ... and at most EXIT_CHECKS times a sweep: in longer chunks the checks spread out (every m /
+# 32 steps), so that a sweep's checks stay few where each is a message between time-parallel
+# ranks (a lagged all-reduce, some 100-700 us over gloo's loopback here, against four steps of
+# a rank's 64 rows in about 0.1 ms). Measured 2026-12-07, the main job's trained network, two
+# ranks at T = 16384, B = 4, chunks of 512: 1417 checks took 0.77-0.79 s of the ranks' 1.9 s.
+EXIT_CHECKS = 32
 
 
 class Propagator(Protocol):
@@ -275,7 +281,8 @@ class _Solver:
 
         ``exit_tol``: ``u``'s F-points already hold a trajectory of these same steps (from
         the previous sweep, which recorded if the propagator records) and the sweep may stop
-        early: every :data:`EXIT_EVERY` steps it compares the new states with the stored
+        early: every :data:`EXIT_EVERY` steps (at most :data:`EXIT_CHECKS` times a sweep) it
+        compares the new states with the stored
         ones and, once they differ by at most ``exit_tol`` everywhere, keeps the stored rest
         of every chunk. The trajectory then has one residual per chunk, at that step, of at
         most the returned difference; ``None``: the sweep ran to the end (no residual).
@@ -304,7 +311,7 @@ class _Solver:
             if exit_tol is None:
                 advance(op, u, g, 0, steps)
                 return None
-            every = EXIT_EVERY_CUDA if u.is_cuda else EXIT_EVERY
+            every = max(EXIT_EVERY_CUDA if u.is_cuda else EXIT_EVERY, (steps + 1) // EXIT_CHECKS)
             done = 0  # steps taken; the checks at j = every - 1, 2 every - 1, ...
             for j in range(every - 1, steps, every):
                 # one sweep through step j that sets the stored state at j + 1 aside and
