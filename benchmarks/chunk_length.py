@@ -4,7 +4,7 @@ step at the chunk length the rule takes for them against the one it took before 
 
     python benchmarks/chunk_length.py [--shapes 16384,1 16384,4 4096,4 16384,16]
         [--weights random trained] [--checkpoint RUN] [--threads 1 2] [--rounds 7]
-        [--pairs T,B,M_OLD,M_NEW ...] [--json FILE] [--dry-run]
+        [--pairs T,B,M_OLD,M_NEW ...] [--cell gru|lstm] [--json FILE] [--dry-run]
 
 Per (weights, T, B): one training step (forward and backward of a per-step loss plus ``h_n``,
 input 32, hidden 64 on random weights; the checkpoint's sizes on trained ones) with
@@ -14,8 +14,9 @@ new m's) cancels the drift of a shared machine, which moves whole rounds; the ta
 median and range of the rounds' ratios, each m's step against the serial solve (medians) and
 the cycles (forward / adjoint). ``--pairs`` gives the two chunk lengths by hand instead (e.g.
 ``16384,1,256,512``: the next longer chunk). ``trained``: the main job's checkpoint (as
-``benchmarks/threads.py``), its training sequences joined end to end up to T. Time on an idle
-machine. ``--dry-run``: T = 512, B = 2, one round (the test suite runs it).
+``benchmarks/threads.py``), its training sequences joined end to end up to T. ``--cell lstm``:
+an LSTM layer of the same sizes instead (random weights). Time on an idle machine.
+``--dry-run``: T = 512, B = 2, one round (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def measure(weights: str, T: int, B: int, old: int, new: int, args) -> list[dict
         w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, T, B)
     runs = (("old", "mgrit", old), ("new", "mgrit", new), ("serial", "serial", None))
     steps = {
-        key: record.training_step(T, B, inp, hidden, solver, m, 1, w, inputs, seed=args.seed)
+        key: record.training_step(
+            T, B, inp, hidden, solver, m, 1, w, inputs, seed=args.seed, cell=args.cell
+        )
         for key, solver, m in runs
     }
     for threads in args.threads:  # warm every path at every thread count
@@ -106,9 +109,12 @@ def main() -> int:
     p.add_argument("--input", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cell", choices=["gru", "lstm"], default="gru", help="lstm: random weights")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args()
+    if args.cell == "lstm" and "trained" in args.weights:
+        p.error("--cell lstm runs on random weights (the checkpoints are GRUs): --weights random")
     warnings.simplefilter("ignore")
     if args.dry_run:
         args.pairs, args.rounds, args.threads, args.weights = ["512,2,32,64"], 1, [1], ["random"]
@@ -119,7 +125,8 @@ def main() -> int:
             p.error(f"{spec!r}: give T,B (--shapes) or T,B,M_OLD,M_NEW (--pairs)")
         cases.append(tuple(parts) if args.pairs else (*parts, *lengths(*parts, args.hidden)))
     print(
-        f"# MGRIT() training step at two chunk lengths; {cpu_name()}, {os.cpu_count()} cores; "
+        f"# {args.cell.upper()}: MGRIT() training step at two chunk lengths; {cpu_name()}, "
+        f"{os.cpu_count()} cores; "
         f"torch {torch.__version__}; float32; kernels' step kind {step_kind()!r}; "
         f"median of {args.rounds} rounds, each timing both (and the serial solve) in turn"
     )
