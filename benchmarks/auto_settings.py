@@ -20,6 +20,7 @@ import torch
 
 from mgrit_gru import GRU, MGRIT
 from mgrit_gru.bench import problem
+from mgrit_gru.layer.solve import step_kind
 
 CFACTORS = (8, 16, 32, 64, 128)
 LEVELS = (2, 3, 4)
@@ -55,7 +56,8 @@ def main() -> None:
         serial = GRU.from_torch(ref, solver="serial")
         y_ref = step(serial, x, w_y, w_h)
         auto = MGRIT(cfactor="auto", levels="auto")
-        chosen = auto.resolve(T, args.batch, args.hidden, x.device)
+        kind = step_kind(None, x.device.type)  # the module's rule for the steps it runs
+        chosen = auto.resolve(T, args.batch, args.hidden, x.device.type, kind=kind)
         rows = {"serial": (serial, True)}
         settings = {f"auto -> cfactor={chosen.cfactor},levels={chosen.levels}": auto}
         for m in CFACTORS:

@@ -123,7 +123,7 @@ def main() -> int:
         parts = [int(v) for v in spec.split(",")]
         if args.pairs and len(parts) != 4 or not args.pairs and len(parts) != 2:
             p.error(f"{spec!r}: give T,B (--shapes) or T,B,M_OLD,M_NEW (--pairs)")
-        cases.append(tuple(parts) if args.pairs else (*parts, *lengths(*parts, args.hidden)))
+        cases.append(tuple(parts) if args.pairs else (*parts, None, None))
     print(
         f"# {args.cell.upper()}: MGRIT() training step at two chunk lengths; {cpu_name()}, "
         f"{os.cpu_count()} cores; "
@@ -138,6 +138,11 @@ def main() -> int:
     rows = []
     for weights in args.weights:
         for T, B, old, new in cases:
+            if old is None:  # the two rules at this layer's hidden size (the checkpoint's)
+                hidden = args.hidden
+                if weights == "trained":
+                    hidden = record.from_run(args.checkpoint, T, B)[3]
+                old, new = lengths(T, B, hidden)
             if old == new:
                 print(f"| {weights} | {T} | {B} | - | {old} (the same) | | | | | |")
                 continue

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import mgrit_gru  # noqa: E402
 from mgrit_gru import MGRIT, cost  # noqa: E402
 from mgrit_gru.gru import cell  # noqa: E402
+from mgrit_gru.layer.solve import step_kind  # noqa: E402
 from mgrit_gru.projection import LINKS, Machine, expand, machines, replay  # noqa: E402
 from mgrit_gru.projection.record import record_step  # noqa: E402
 
@@ -544,7 +545,8 @@ def projection_rows(report: Report, device, budget: Budget, Ts, serial_max_T: in
             stats = getattr(module, "last_stats", None)
             row = {"T": T, "B": 4, "I": 32, "H": 64, "solver": name, "train_ms": 1e3 * step}
             if stats is not None and name != "serial":
-                row["cfactor"] = solver.resolve(T, 4, 64, device.type).cfactor
+                kind = step_kind(None, device.type)  # the steps the module ran: its rule
+                row["cfactor"] = solver.resolve(T, 4, 64, device.type, kind=kind).cfactor
                 row["forward_cycles"] = stats.forward_iterations
                 row["adjoint_cycles"] = stats.backward_iterations
             if stats is not None:

@@ -484,7 +484,9 @@ def _print_tables(row: dict, name: str) -> None:
             for e in (row.get(kind), builtin[kind])
         ]
         print(f"  {kind:<18} {cells[0]:<40}   {cells[1]}")
-    step = step_kind()  # the kind of step this process's kernels run
+    # the kind of step this process's kernels run (not building them for a printout: unbuilt,
+    # the PyTorch steps' rule)
+    step = step_kind() if _load_kernels(build=False) is not None else "step"
     print(f'cfactor="auto" (o/c of "{step}" drives it: the steps this process runs):')
     for T, B, H in SHAPES:
         picks = []

@@ -232,8 +232,13 @@ class TimeContext:
         same_model = (
             "every rank must build the same model (same seed or a broadcast of rank 0's state)"
         )
+        same_options = (
+            "every rank must build the same model with the same options and run the same kind "
+            "of steps (kernels=, MGRIT_GRU_KERNELS, the compiled kernels available on every "
+            "host: cfactor='auto' cuts chunks by the steps that run)"
+        )
         checks = (
-            ("options", 1, same_model),
+            ("options", 1, same_options),
             ("weights", 2, same_model),
             ("weights", 3, same_model),
             ("lengths", 4, "every rank passes the same global lengths= for its slice"),

@@ -22,6 +22,7 @@ from mgrit_gru.distributed import (
     time_mean,
     time_slices,
 )
+from mgrit_gru.kernels import load as load_kernels
 from mgrit_gru.layer.solve import step_kind
 from mgrit_gru.projection import comparable, expand
 
@@ -263,6 +264,14 @@ def _fault_worker(rank: int, size: int, port: int) -> None:
     x = scatter_time(torch.randn(64, 2, 3), tg, 4)
     with pytest.raises(ValueError, match=r"rank\(s\) \[1\] hold other weights than rank 0"):
         gru(x)
+    # ... and ranks that would cut other chunks (cfactor="auto" follows the steps that run:
+    # one rank on the compiled sweeps, the other on the PyTorch steps)
+    if load_kernels(build=False) is not None:
+        torch.manual_seed(0)
+        kind = "pytorch" if rank == 1 else "auto"
+        gru = mgrit_gru.GRU(3, 5, solver=mgrit_gru.MGRIT(), time_group=tg, kernels=kind)
+        with pytest.raises(ValueError, match=r"\[1\] hold other options .* kind of steps"):
+            gru(x)
     # 2. a rank that dies: the survivor gets an error naming the failure, not a hang
     torch.manual_seed(0)
     gru = mgrit_gru.GRU(3, 5, solver=opts, time_group=tg)

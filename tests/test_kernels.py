@@ -600,3 +600,10 @@ def test_auto_cfactor_prices_the_steps_that_run():
             gru(torch.randn(2000, 1, 3))
             # 2000 steps as chunks of m: 16 of 128 (two levels), 63 of 32 (three: 63 -> 2)
             assert [s.levels for s in gru.last_stats.forward] == [2 if m == 128 else 3]
+        # half precision solves in float32 on the compiled sweeps: their rule; a budget's
+        # unrolled gradient and kernels that do not serve here (Triton on the CPU, without a
+        # transform to run them) run the PyTorch steps: theirs, and no error for asking
+        assert mgrit_gru.GRU(3, 8).to(torch.bfloat16).time_cfactor(2000, 1) == 128
+        unrolled = mgrit_gru.MGRIT(budget=mgrit_gru.Budget(2, 1, gradient="unrolled"))
+        assert mgrit_gru.GRU(3, 8, solver=unrolled).time_cfactor(2000, 1) == 32
+        assert step_kind("triton") == "step"

@@ -259,11 +259,18 @@ class Recurrent(nn.Module):
         ranks = 1 if self.time_group is None else self.time_group.size
         weight = self.weight_ih_l0
         opts = self._mgrit_options()
-        kind = self._step_kind(weight.device.type, weight.dtype)
+        kind = self._step_kind(opts, weight.device.type, weight.dtype)
         return opts.resolve(steps, batch, self.hidden_size, weight.device.type, ranks, kind).cfactor
 
-    def _step_kind(self, device: str, dtype: torch.dtype) -> str:
-        return step_kind(self._cell.kernels, device, dtype)
+    def _step_kind(self, opts: MGRIT, device: str, dtype: torch.dtype) -> str:
+        """The cost model's kind of this module's fine steps for ``cfactor="auto"``
+        (:func:`~mgrit_gru.layer.solve.step_kind`; "step" where the chunk length is given):
+        half precision solves in float32; a budget's unrolled gradient and torch.func run the
+        PyTorch steps (the unrolled cycles whenever they record a graph)."""
+        unrolled = opts.budget is not None and opts.budget.gradient == "unrolled"
+        if opts.cfactor != "auto" or unrolled or _functorch_active():
+            return "step"
+        return step_kind(self._cell.kernels, device, torch.float32 if dtype in HALF else dtype)
 
     def _mgrit_options(self) -> MGRIT:
         return self.solver.mgrit if isinstance(self.solver, Auto) else self.solver
@@ -464,7 +471,8 @@ class Recurrent(nn.Module):
         opts = self._mgrit_options()
         config = f"{opts!r} {self._cell!r} {self.extra_repr()}"
         size = self.time_group.size
-        kind = self._step_kind(device.type, self.weight_ih_l0.dtype)
+        kind = self._step_kind(opts, device.type, self.weight_ih_l0.dtype)
+        config += f" steps={kind}"  # ranks with other kernels would cut other chunks
         return TimeContext.for_slice(
             self.time_group,
             steps,
@@ -728,7 +736,7 @@ class Recurrent(nn.Module):
             u0 = x.new_zeros(directions * self.num_layers, B, self._state_size)
         solver = self._mgrit_options()
         if tg is None:
-            kind = self._step_kind(x.device.type, x.dtype)
+            kind = self._step_kind(solver, x.device.type, x.dtype)
             solver = solver.resolve(x.shape[0], B, self.hidden_size, x.device.type, kind=kind)
         else:  # the chunk length the ranks' slices are aligned to
             solver = solver.replace(cfactor=tg.cfactor)

@@ -393,11 +393,16 @@ def step_kind(choice: Optional[str] = None, device: str = "cpu", dtype=torch.flo
     under kernels ``choice`` (None: the process default), for ``cfactor="auto"``: "sweep"
     where the compiled CPU sweeps run them (a few rows' worth of fixed cost a step, where the
     PyTorch steps have some 80-110: the rule then takes longer chunks), else "step" (the
-    PyTorch steps; also beside the Triton sweeps, whose costs are projected, not measured)."""
-    if str(device).split(":")[0] != "cpu":
+    PyTorch steps; also beside the Triton sweeps, whose costs are projected, not measured, and
+    while a trace counts operators, as :func:`compiled_kernel`). Never raises: where the
+    kernels asked for do not serve (a solve would say so), "step"."""
+    if str(device).split(":")[0] != "cpu" or trace.counting():
         return "step"
     like = torch.empty(0, dtype=dtype)
-    kernel = kernels.compiled_for(kernels.check(choice or kernels.process_default()), like)
+    try:
+        kernel = kernels.compiled_for(kernels.check(choice or kernels.process_default()), like)
+    except (RuntimeError, ValueError):
+        return "step"
     return "sweep" if kernel is not None and kernels_name(kernel, False) == "compiled" else "step"
 
 
