@@ -26,13 +26,14 @@ import json
 import os
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from threads import interleaved  # noqa: E402  (this folder's: the interleaved rounds)
+
 from mgrit_gru.cost import cpu_name  # noqa: E402
 from mgrit_gru.layer.solve import step_kind  # noqa: E402
 from mgrit_gru.options import auto_cfactor  # noqa: E402
@@ -58,21 +59,12 @@ def measure(weights: str, T: int, B: int, old: int, new: int, args) -> list[dict
         )
         for key, solver, m in runs
     }
-    for threads in args.threads:  # warm every path at every thread count
-        torch.set_num_threads(threads)
-        for step in steps.values():
-            step()
     seconds = {(k, t): [] for k in steps for t in args.threads}
     cycles = {}
-    for _ in range(args.rounds):
-        for threads in args.threads:
-            torch.set_num_threads(threads)
-            for key, step in steps.items():
-                start = time.perf_counter()
-                module = step()
-                seconds[(key, threads)].append(time.perf_counter() - start)
-                stats = module.last_stats
-                cycles[key] = f"{stats.forward_iterations}/{stats.backward_iterations}"
+    for key, threads, took, module in interleaved(steps, args.threads, args.rounds):
+        seconds[(key, threads)].append(took)
+        stats = module.last_stats
+        cycles[key] = f"{stats.forward_iterations}/{stats.backward_iterations}"
     rows = []
     for threads in args.threads:
         old_s, new_s, serial = (seconds[(k, threads)] for k in ("old", "new", "serial"))

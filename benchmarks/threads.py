@@ -132,27 +132,33 @@ def sequence_passes(events, T: int, B: int, cycles_f: int, cycles_b: int) -> str
     return f"{total[0]:.1f} / {total[1]:.1f} ({per[0]} / {per[1]})"
 
 
+def interleaved(steps: dict, threads: list[int], rounds: int):
+    """Every step at every thread count (warmed once each first), then ``rounds`` rounds of
+    all of them in turn: yields ``(name, threads, seconds, module)`` per timed step."""
+    for n in threads:
+        torch.set_num_threads(n)
+        for step in steps.values():
+            step()
+    for _ in range(rounds):
+        for n in threads:
+            torch.set_num_threads(n)
+            for name, step in steps.items():
+                start = time.perf_counter()
+                module = step()
+                yield name, n, time.perf_counter() - start, module
+
+
 def measure(weights, T, B, args, load: str) -> list[dict]:
     steps = steps_for(weights, T, B, args.solvers, args)
     best: dict = {}
     with busy(load):
-        for threads in args.threads:  # warm every path at every thread count
-            torch.set_num_threads(threads)
-            for step in steps.values():
-                step()
-        for _ in range(args.repeats):
-            for threads in args.threads:
-                torch.set_num_threads(threads)
-                for name, step in steps.items():
-                    start = time.perf_counter()
-                    module = step()
-                    took = time.perf_counter() - start
-                    key = (name, threads)
-                    if key not in best or took < best[key][0]:
-                        stats = module.last_stats
-                        cycles = f"{stats.forward_iterations}/{stats.backward_iterations}"
-                        mg, n = stats.mgrit_share
-                        best[key] = (took, cycles, f"{mg}/{n}")
+        for name, threads, took, module in interleaved(steps, args.threads, args.repeats):
+            key = (name, threads)
+            if key not in best or took < best[key][0]:
+                stats = module.last_stats
+                cycles = f"{stats.forward_iterations}/{stats.backward_iterations}"
+                mg, n = stats.mgrit_share
+                best[key] = (took, cycles, f"{mg}/{n}")
         splits = {}
         for threads in args.threads:
             torch.set_num_threads(threads)
