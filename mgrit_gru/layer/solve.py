@@ -383,9 +383,15 @@ def compiled_kernel(cell: Cell, x: Tensor):
     cell's choice or the process default), or None: the cell's PyTorch steps. Not while a
     trace counts operators (the device models priced by operators count the PyTorch
     steps'); a trace otherwise records the compiled steps as the "sweep" kinds."""
+    return kernel_for(cell.kernels, x)
+
+
+def kernel_for(choice: Optional[str], like: Tensor):
+    """:func:`compiled_kernel` for kernels ``choice`` (None: the process default) on
+    ``like``'s device and dtype."""
     if trace.counting():
         return None
-    return kernels.compiled_for(kernels.check(cell.kernels or kernels.process_default()), x)
+    return kernels.compiled_for(kernels.check(choice or kernels.process_default()), like)
 
 
 def step_kind(choice: Optional[str] = None, device: str = "cpu", dtype=torch.float32) -> str:
@@ -396,11 +402,10 @@ def step_kind(choice: Optional[str] = None, device: str = "cpu", dtype=torch.flo
     PyTorch steps; also beside the Triton sweeps, whose costs are projected, not measured, and
     while a trace counts operators, as :func:`compiled_kernel`). Never raises: where the
     kernels asked for do not serve (a solve would say so), "step"."""
-    if str(device).split(":")[0] != "cpu" or trace.counting():
+    if str(device).split(":")[0] != "cpu":
         return "step"
-    like = torch.empty(0, dtype=dtype)
     try:
-        kernel = kernels.compiled_for(kernels.check(choice or kernels.process_default()), like)
+        kernel = kernel_for(choice, torch.empty(0, dtype=dtype))
     except (RuntimeError, ValueError):
         return "step"
     return "sweep" if kernel is not None and kernels_name(kernel, False) == "compiled" else "step"
