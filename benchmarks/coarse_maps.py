@@ -3,7 +3,7 @@
 round by round in one process, at each thread count.
 
     python benchmarks/coarse_maps.py [--T 16384] [--batch 1 4] [--threads 1 2]
-        [--solvers budget mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run]
+        [--solvers budget mgrit] [--checkpoint RUN] [--rounds 7] [--dry-run] [--products]
 
 Random weights (input 32, hidden 64) and, with ``--checkpoint`` (a ``mgrit-gru train`` run
 folder), its trained GRU on its training sequences joined end to end up to T. "pytorch" gives
@@ -11,6 +11,10 @@ the maps no compiled module (every coarse step four to six operators), "compiled
 layer's own. Printed per row: the least and the median of the rounds each way, their ratio
 and the speed-up from one thread to the most. The two ways differ in the coarse steps alone
 (the same cycles: the results agree to rounding). Time only on an otherwise idle machine.
+
+``--products``: instead, the maps' chunk factors (each refresh's product of a chunk's step
+factors): torch's ``prod`` over the sweep's strided factors against the compiled
+``chunk_product`` (one pass, subnormal products flushed to zero: the same maps to rounding).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mgrit_gru.core import coarse  # noqa: E402
 from mgrit_gru.cost import cpu_name  # noqa: E402
 from mgrit_gru.layer import solve  # noqa: E402
 from mgrit_gru.projection import record  # noqa: E402
@@ -37,6 +42,14 @@ _COMPILED = {"on": True}
 
 def _maps(grids, options, kernel=None):
     return _ORIGINAL(grids, options, kernel if _COMPILED["on"] else None)
+
+
+_PRODUCT_ORIGINAL = coarse.chunk_product
+_PRODUCTS = {"on": True}
+
+
+def _product(factors, kernel=None):
+    return _PRODUCT_ORIGINAL(factors, kernel if _PRODUCTS["on"] else None)
 
 
 def measure(step, threads: list[int], rounds: int, switch: dict) -> dict:
@@ -115,7 +128,12 @@ def table(p: argparse.ArgumentParser, args, switch: dict, off: str, on: str) -> 
 
 def main(argv=None) -> None:
     p = parser(__doc__)
+    p.add_argument("--products", action="store_true", help="the chunk factors' product (above)")
     args = p.parse_args(argv)
+    if args.products:
+        coarse.chunk_product = solve.chunk_product = _product
+        table(p, args, _PRODUCTS, "torch prod", "chunk_product")
+        return
     solve.chunk_map_ops = _maps
     table(p, args, _COMPILED, "pytorch maps", "compiled")
 

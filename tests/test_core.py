@@ -345,6 +345,39 @@ def test_compiled_chunk_map_sweep_is_the_pytorch_steps(dtype, secant, N):
         assert torch.equal(b[0], u0[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_chunk_product_is_torchs_product(dtype):
+    """The chunk factors' compiled product (the kernels' chunk_product, the frozen and secant
+    maps' refresh) against torch's prod over the chunk view of a time-ordered buffer (strided,
+    as the sweeps leave it), a contiguous one and one step: equal to rounding where the
+    product is a normal number, and zero, never a subnormal, where it underflows; a wrong
+    shape is refused by name."""
+    from mgrit_gru import kernels
+    from mgrit_gru.core.coarse import chunk_product
+
+    module = kernels.load()
+    if module is None:
+        pytest.skip(f"no compiled kernels here: {kernels.error()}")
+    torch.manual_seed(5)
+    tiny = torch.finfo(dtype).tiny
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    n, m, B, H = 6, 40, 3, 9
+    for low in (0.8, 0.2, 1e-3):  # normal products; some underflow; all underflow
+        timed = (torch.rand(n * m, B, H, dtype=dtype) * (1 - low) + low).neg_()
+        timed[::7] = 1.0  # identity steps, signs both ways
+        chunks = timed.view(n, m, B, H).transpose(0, 1)  # (m, n, B, H), strided
+        for factors in (chunks, chunks.contiguous(), chunks[:1]):
+            ours, ref = chunk_product(factors, module), factors.prod(0)
+            assert ours.shape == ref.shape and ours.is_contiguous()
+            normal = ref.abs() >= tiny
+            assert torch.allclose(ours[normal], ref[normal], rtol=tol, atol=0)
+            assert torch.all(ours[~normal] == 0)
+            assert not torch.any((ours != 0) & (ours.abs() < tiny))
+        assert torch.equal(chunk_product(chunks, None), chunks.prod(0))  # no kernel: torch's
+    with pytest.raises(RuntimeError, match="chunk_product"):
+        module.chunk_product(chunks, torch.empty(n, B, H + 1, dtype=dtype))
+
+
 def test_frozen_gate_chunk_map_is_the_composition_of_its_steps():
     """Along a sweep the forward step records 1 - theta (z for the classic cell); with the
     sweep's gates held fixed, a chunk maps a changed start h0 + d to its end + A d, A the

@@ -544,13 +544,16 @@ def test_bias_sums_benchmark_dry_run():
 
 def test_coarse_maps_benchmark_dry_run():
     """benchmarks/coarse_maps.py end to end on a tiny shape: a row per solver and thread count
-    with both ways' times, and the threads' ratio row."""
-    out = _dry_run("coarse_maps.py")
-    rows = [line for line in out.splitlines() if line.startswith("| random |")]
-    assert len(rows) == 2 * 3, out  # budget and mgrit: threads 1, 2 and 2t / 1t
-    for line in rows:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+    with both ways' times, and the threads' ratio row; the maps' steps, then (``--products``)
+    their chunk factors."""
+    for extra, way in (((), "pytorch maps"), (("--products",), "torch prod")):
+        out = _dry_run("coarse_maps.py", *extra)
+        rows = [line for line in out.splitlines() if line.startswith("| random |")]
+        assert len(rows) == 2 * 3, out  # budget and mgrit: threads 1, 2 and 2t / 1t
+        for line in rows:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert all(float(cells[k].split()[0].rstrip("x")) > 0 for k in (4, 5))
+        assert f"| {way} ms |" in out, out
 
 
 def test_exit_checks_benchmark_dry_run():

@@ -35,6 +35,7 @@ void lstm_coefficients(const at::Tensor& points, const at::Tensor& kept, const c
 void lstm_gate_grads(const at::Tensor& lam_rev, const at::Tensor& C_rev, at::Tensor d);
 void map_sweep(const at::Tensor& x0, at::Tensor out, const at::Tensor& a, const c10::optional<at::Tensor>& g,
                const c10::optional<at::Tensor>& W, const c10::optional<at::Tensor>& P);
+void chunk_product(const at::Tensor& factors, at::Tensor out);
 }  // namespace mgrit
 
 // The fine sweeps' arguments by name; stored and change (an early exit's check, fused:
@@ -65,6 +66,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_coefficients", &mgrit::lstm_coefficients);
   m.def("lstm_gate_grads", &mgrit::lstm_gate_grads);
   m.def("map_sweep", &mgrit::map_sweep);  // the coarse levels' chunk maps (core/coarse_cpu.cpp)
+  m.def("chunk_product", &mgrit::chunk_product);  // their chunk factors (core/coarse_cpu.cpp)
   // whether at::parallel_for opens OpenMP regions here (the module built with -fopenmp): the
   // sweeps' blocks spread over torch's threads only then
 #ifdef INTRA_OP_PARALLEL

@@ -43,7 +43,7 @@ from ..core import (
     solve,
     stopping,
 )
-from ..core.coarse import DiagonalStep, SecantStep
+from ..core.coarse import DiagonalStep, SecantStep, chunk_product
 from ..core.cycle import LocalComm, ProgressGuard
 from ..core.stopping import StopTest
 from ..options import MGRIT, Implicit, Secant, Stopping
@@ -170,7 +170,7 @@ class ForwardStep(_Compiled):
 
     def chunk_factors(self) -> Tensor:
         """Per chunk ``(n, B, S)``: the product of its steps' factors along the last sweep."""
-        return self.factors.prod(0)
+        return chunk_product(self.factors, self.kernel)
 
 
 class AdjointStep(_Compiled):
@@ -207,7 +207,7 @@ class AdjointStep(_Compiled):
     def chunk_factors(self) -> Tensor:
         """Per chunk ``(n, B, S)``: the product of ``D`` (the frozen-gate part of ``J^T``)."""
         if self._factors is None:  # a linear recurrence: the same in every cycle
-            self._factors = self.D.prod(0)
+            self._factors = chunk_product(self.D, self.kernel)
         return self._factors
 
 
