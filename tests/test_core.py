@@ -374,7 +374,24 @@ def test_compiled_chunk_product_is_torchs_product(dtype):
             assert torch.all(ours[~normal] == 0)
             assert not torch.any((ours != 0) & (ours.abs() < tiny))
         assert torch.equal(chunk_product(chunks, None), chunks.prod(0))  # no kernel: torch's
-    with pytest.raises(RuntimeError, match="chunk_product"):
+    # an LSTM's [h, c] width and (m, n, S) without a batch axis; one step of subnormals
+    lstm = torch.rand(m, n, B, 2 * H, dtype=dtype) + 0.5
+    unbatched = torch.rand(m, n, H, dtype=dtype)
+    for factors in (lstm, unbatched):
+        assert torch.allclose(chunk_product(factors, module), factors.prod(0), rtol=tol, atol=0)
+    assert torch.all(chunk_product(torch.full((1, n, B, H), tiny / 4, dtype=dtype), module) == 0)
+    # NaN and Inf stay non-finite where torch's product is (a diverged sweep is not hidden)
+    bad = torch.rand(m, n, B, H, dtype=dtype) + 0.5
+    bad[3, 0, 0, 0], bad[5, 1, 2, 3], bad[7, 2, 1, 1] = float("nan"), float("inf"), -float("inf")
+    ours, ref = chunk_product(bad, module), bad.prod(0)
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref)) and torch.equal(ours.sign(), ref.sign())
+    # what the kernel cannot take goes to torch's product: no elements, a strided last axis
+    empty = torch.rand(0, n, B, H, dtype=dtype)
+    assert torch.equal(chunk_product(empty, module), empty.prod(0))
+    wide = torch.rand(m, n, B, 2 * H, dtype=dtype)[..., ::2]
+    assert torch.equal(chunk_product(wide, module), wide.prod(0))
+    with pytest.raises(RuntimeError, match="chunk_product: expected factors"):
         module.chunk_product(chunks, torch.empty(n, B, H + 1, dtype=dtype))
 
 

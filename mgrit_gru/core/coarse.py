@@ -41,13 +41,23 @@ def chunk_product(factors: Tensor, kernel=None) -> Tensor:
     """Per chunk ``(n, *S)``: the product of ``factors`` ``(m, n, *S)`` along its ``m`` steps.
 
     With a compiled module that has ``chunk_product`` (the C++ kernels; CPU, float32 and
-    float64) one pass over the factors in their own layout, the rows in blocks over the
-    threads; a running product below the dtype's smallest normal number is flushed to zero
-    there (the factor of a chunk whose states forget their start: as exact for the coarse
-    map, and subnormal arithmetic costs tens of times a normal multiply on x86 cores).
-    Otherwise ``factors.prod(0)``."""
+    float64, a contiguous last axis, no graph to record) one pass over the factors in their
+    own layout, the rows in blocks over the threads; a running product below the dtype's
+    smallest normal number is flushed to zero there (the factor of a chunk whose states
+    forget their start, and subnormal arithmetic costs tens of times a normal multiply on x86
+    cores). With factors of magnitude at most 1, as the cells' are at step sizes up to 1,
+    that is the product's own limit; a later factor above 1 does not raise a flushed product
+    again. Otherwise ``factors.prod(0)``."""
     run = getattr(kernel, "chunk_product", None)
-    if run is None or factors.dtype not in (torch.float32, torch.float64) or factors.dim() < 3:
+    if (
+        run is None
+        or factors.dtype not in (torch.float32, torch.float64)
+        or factors.device.type != "cpu"
+        or factors.dim() < 3
+        or factors.numel() == 0
+        or factors.stride(-1) != 1
+        or (factors.requires_grad and torch.is_grad_enabled())
+    ):
         return factors.prod(0)
     m, n, width = factors.shape[0], factors.shape[1], factors.shape[-1]
     out = factors.new_empty(factors.shape[1:])

@@ -74,14 +74,22 @@ void map_sweep_impl(const Tensor& x0, Tensor& out, const Tensor& a, const Tensor
 // The product along each row's m steps, s outer so that a block's rows of one step are read
 // together; a running product below the dtype's smallest normal number is flushed to zero
 // (subnormal arithmetic costs x86 cores ~100 cycles an operation, and a product of hundreds
-// of gate factors in (0, 1) passes through that range on its way to zero).
+// of gate factors in (0, 1) passes through that range on its way to zero). With factors of
+// magnitude at most 1 (the gates' z, 1 - theta at step sizes <= 1, an LSTM's f) that is the
+// product's own limit; a later factor above 1 cannot raise a flushed product again (and a
+// flushed product times an infinite factor is NaN where torch's gives inf: non-finite alike).
 template <typename T>
 void chunk_product_impl(const Tensor& f, Tensor& out) {
   const int64_t m = f.size(0), rows = f.size(1) * f.size(2), H = f.size(3);
   const View<T> vf(f), vo(out.unsqueeze(0));
   const T tiny = std::numeric_limits<T>::min();
   over_blocks(rows, rows * m * H, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) std::memcpy(vo.row(0, r), vf.row(0, r), sizeof(T) * H);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* o = vo.row(0, r);
+      const T* x = vf.row(0, r);
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) o[h] = std::abs(x[h]) < tiny ? T(0) : x[h];
+    }
     for (int64_t s = 1; s < m; ++s)
       for (int64_t r = r0; r < r1; ++r) {
         T* o = vo.row(0, r);
@@ -123,10 +131,11 @@ void map_sweep(const Tensor& x0, Tensor out, const Tensor& a, const c10::optiona
 // steps into out (n, R, H) contiguous, subnormal running products flushed to zero; the
 // frozen coarse maps' chunk factors (mgrit_gru/core/coarse.py's chunk_product).
 void chunk_product(const Tensor& factors, Tensor out) {
-  check_same(factors, out, "factors");
+  check_same(factors, out, "chunk_product's out and factors");
   TORCH_CHECK(factors.dim() == 4 && factors.size(0) >= 1 && out.is_contiguous() &&
                   out.sizes() == factors.sizes().slice(1),
-              "chunk_product: factors (m, n, R, H), m >= 1, and out (n, R, H) contiguous");
+              "chunk_product: expected factors (m, n, R, H) with m >= 1 and out (n, R, H) contiguous; got factors ",
+              factors.sizes(), " and out ", out.sizes(), out.is_contiguous() ? "" : " (not contiguous)");
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "chunk_product", [&] { chunk_product_impl<scalar_t>(factors, out); });
 }
 
