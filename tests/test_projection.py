@@ -170,6 +170,19 @@ def test_cli_project_bad_input(argv, message, capsys):
     assert re.search(message, last), err
 
 
+def test_drift_warning_names_the_table_it_compared_against():
+    """A slow step against the built-in table (no calibration for these kernels on this
+    machine: none yet, or the kernels rebuilt since) says so and how to measure one; against
+    this machine's calibration, that the machine is loaded."""
+    from mgrit_gru.projection.cli import drift_warning
+
+    builtin, cached = drift_warning(2.04, "builtin"), drift_warning(2.04, "cached")
+    assert "2.0x" in builtin and "built-in cost table" in builtin
+    assert "mgrit-gru calibrate" in builtin
+    assert "this machine's calibration" in cached and "loaded" in cached
+    assert "this machine's calibration says" not in builtin
+
+
 def test_projection_of_the_gpu_uses_its_measured_model(capsys):
     assert main(["project", "--T", "256", "--ranks", "1", "--device", "cuda"]) == 0
     out = capsys.readouterr().out

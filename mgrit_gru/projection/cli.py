@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sys
 
+from .. import cost
 from . import machines, record
 from .machines import LINKS, Machine
 from .replay import expand, replay
@@ -44,6 +45,25 @@ def validation(kind: str) -> str:
 
 
 DRIFT_WARN = 1.3  # a step timed now over the calibration's price above which a run warns
+
+
+def drift_warning(drift: float, origin: str) -> str:
+    """The warning for a step timed now at ``drift`` times the step table's price; ``origin``:
+    the table's (:func:`mgrit_gru.cost.active`), "builtin" where this machine has no calibration
+    for these kernels (none measured yet, or the kernels rebuilt since: a calibration is kept
+    per build)."""
+    if origin == "builtin":
+        return (
+            f"warning: a step timed now costs {drift:.1f}x what the built-in cost table says "
+            "(measured on another CPU: this machine has no calibration for these kernels yet; "
+            "`mgrit-gru calibrate` measures one in seconds); the CPU model measured now is "
+            "inflated unevenly, so these projections are unreliable"
+        )
+    return (
+        f"warning: a step timed now costs {drift:.1f}x what this machine's calibration says: "
+        "it is loaded (or slower than when calibrated); the CPU model measured now is inflated "
+        "unevenly, so these projections are unreliable"
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -163,12 +183,7 @@ def _project(args: argparse.Namespace) -> tuple[list[dict], machines.Device]:
         print("measuring this CPU for its model (about 10 s) ...", file=sys.stderr, flush=True)
     dev = machines.device("cpu" if args.device == "cpu" else "h200", B, I, H)
     if dev.drift > DRIFT_WARN:
-        print(
-            f"warning: a step timed now costs {dev.drift:.1f}x what this machine's "
-            "calibration says: it is loaded (or slower than when calibrated); the CPU model "
-            "measured now is inflated unevenly, so these projections are unreliable",
-            file=sys.stderr,
-        )
+        print(drift_warning(dev.drift, cost.active().origin), file=sys.stderr)
     links = [LINKS[name] for name in (args.link or DEFAULT_LINKS[args.device])]
     links = links or [LINKS["shm"]]  # one GPU: no message is sent
     common = {"layers": args.layers, "weights": weights, "inputs": inputs}
