@@ -84,13 +84,8 @@ void chunk_product_impl(const Tensor& f, Tensor& out) {
   const View<T> vf(f), vo(out.unsqueeze(0));
   const T tiny = std::numeric_limits<T>::min();
   over_blocks(rows, rows * m * H, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      T* o = vo.row(0, r);
-      const T* x = vf.row(0, r);
-#pragma omp simd
-      for (int64_t h = 0; h < H; ++h) o[h] = std::abs(x[h]) < tiny ? T(0) : x[h];
-    }
-    for (int64_t s = 1; s < m; ++s)
+    for (int64_t r = r0; r < r1; ++r) std::fill(vo.row(0, r), vo.row(0, r) + H, T(1));
+    for (int64_t s = 0; s < m; ++s)  // 1 * x is x: the first step is flushed like the rest
       for (int64_t r = r0; r < r1; ++r) {
         T* o = vo.row(0, r);
         const T* x = vf.row(s, r);
