@@ -47,11 +47,10 @@ def lengths(T: int, B: int, hidden: int) -> tuple[int, int]:
     return auto_cfactor(T, B, hidden), auto_cfactor(T, B, hidden, kind=step_kind())
 
 
-def measure(weights: str, T: int, B: int, old: int, new: int, args) -> list[dict]:
-    w = inputs = None
-    inp, hidden = args.input, args.hidden
-    if weights == "trained":
-        w, inputs, inp, hidden, _ = record.from_run(args.checkpoint, T, B)
+def measure(T: int, B: int, old: int, new: int, model: tuple, args) -> list[dict]:
+    """``model``: ``(weights, inputs, input size, hidden size)``, weights and inputs None for
+    random ones."""
+    w, inputs, inp, hidden = model
     runs = (("old", "mgrit", old), ("new", "mgrit", new), ("serial", "serial", None))
     steps = {
         key: record.training_step(
@@ -71,7 +70,7 @@ def measure(weights: str, T: int, B: int, old: int, new: int, args) -> list[dict
         ratios = sorted(a / b for a, b in zip(old_s, new_s))
         rows.append(
             {
-                "weights": weights,
+                "weights": "random" if w is None else "trained",
                 "T": T,
                 "B": B,
                 "threads": threads,
@@ -130,15 +129,15 @@ def main() -> int:
     rows = []
     for weights in args.weights:
         for T, B, old, new in cases:
+            model = (None, None, args.input, args.hidden)
+            if weights == "trained":
+                model = record.from_run(args.checkpoint, T, B)[:4]
             if old is None:  # the two rules at this layer's hidden size (the checkpoint's)
-                hidden = args.hidden
-                if weights == "trained":
-                    hidden = record.from_run(args.checkpoint, T, B)[3]
-                old, new = lengths(T, B, hidden)
+                old, new = lengths(T, B, model[3])
             if old == new:
                 print(f"| {weights} | {T} | {B} | - | {old} (the same) | | | | | |")
                 continue
-            for r in measure(weights, T, B, old, new, args):
+            for r in measure(T, B, old, new, model, args):
                 rows.append(r)
                 print(
                     f"| {weights} | {T} | {B} | {r['threads']} | {old} -> {new} | "

@@ -53,16 +53,15 @@ def drift_warning(drift: float, origin: str) -> str:
     for these kernels (none measured yet, or the kernels rebuilt since: a calibration is kept
     per build)."""
     if origin == "builtin":
-        return (
-            f"warning: a step timed now costs {drift:.1f}x what the built-in cost table says "
-            "(measured on another CPU: this machine has no calibration for these kernels yet; "
-            "`mgrit-gru calibrate` measures one in seconds); the CPU model measured now is "
-            "inflated unevenly, so these projections are unreliable"
+        why = (
+            "the built-in cost table says (measured on another CPU: this machine has no "
+            "calibration for these kernels yet; `mgrit-gru calibrate` measures one in seconds)"
         )
+    else:
+        why = "this machine's calibration says: it is loaded (or slower than when calibrated)"
     return (
-        f"warning: a step timed now costs {drift:.1f}x what this machine's calibration says: "
-        "it is loaded (or slower than when calibrated); the CPU model measured now is inflated "
-        "unevenly, so these projections are unreliable"
+        f"warning: a step timed now costs {drift:.1f}x what {why}; the CPU model measured now "
+        "is inflated unevenly, so these projections are unreliable"
     )
 
 
